@@ -1,0 +1,1 @@
+"""agent (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""client (see docs/ARCHITECTURE.md)."""

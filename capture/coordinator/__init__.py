@@ -1,0 +1,1 @@
+"""coordinator (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""gateway (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,38 @@
+"""Coordinator -> agent: trace this one target (PUT /v1/captures/{capture_id}/targets/{target_id})."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .. import schemas
+from .request import CaptureOptions
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    job_id: str
+    attempt: int
+    rank: int
+    duration_ms: int
+    activities: tuple[str, ...]
+    deadline: float
+    archive_prefix: str
+    local_rank: int | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+    requested_at: float | None = None
+    options: CaptureOptions = field(default_factory=CaptureOptions)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Dispatch":
+        schemas.validate("dispatch", data)
+        d = dict(data)
+        d["activities"] = tuple(d["activities"])
+        d["options"] = CaptureOptions(**d.get("options", {}))
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["activities"] = list(self.activities)
+        return {k: v for k, v in d.items() if v is not None}

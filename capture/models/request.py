@@ -1,0 +1,80 @@
+"""A capture request: what to trace, for how long, and why."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .. import schemas
+from ..activities import DEFAULT_CPU_ACTIVITIES
+
+
+def new_capture_id(now: float | None = None) -> str:
+    """A sortable, unique capture instance id: `c-<utc yyyymmddThhmmss>-<8 hex>`."""
+    stamp = time.strftime("%Y%m%dt%H%M%S", time.gmtime(now if now is not None else time.time()))
+    return f"c-{stamp}-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_memory: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+
+
+@dataclass(frozen=True)
+class CaptureReason:
+    kind: Literal["alert", "manual"] = "manual"
+    alertname: str | None = None
+    fingerprint: str | None = None
+    starts_at: str | None = None
+    diagnosis: str | None = None
+    text: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    job_id: str
+    duration_ms: int = 2000
+    attempt: int | None = None
+    activities: tuple[str, ...] = DEFAULT_CPU_ACTIVITIES
+    options: CaptureOptions = field(default_factory=CaptureOptions)
+    reason: CaptureReason = field(default_factory=CaptureReason)
+    requested_by: str = "unknown"
+    capture_id: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CaptureRequest":
+        schemas.validate("capture_request", data)
+        return cls(
+            job_id=data["job_id"],
+            duration_ms=data["duration_ms"],
+            attempt=data.get("attempt"),
+            activities=tuple(data.get("activities") or DEFAULT_CPU_ACTIVITIES),
+            options=CaptureOptions(**data.get("options", {})),
+            reason=CaptureReason(**data.get("reason", {"kind": "manual"})),
+            requested_by=data.get("requested_by", "unknown"),
+            capture_id=data.get("capture_id"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job_id": self.job_id,
+            "duration_ms": self.duration_ms,
+            "activities": list(self.activities),
+            "options": asdict(self.options),
+            "reason": self.reason.to_dict(),
+            "requested_by": self.requested_by,
+        }
+        if self.attempt is not None:
+            out["attempt"] = self.attempt
+        if self.capture_id is not None:
+            out["capture_id"] = self.capture_id
+        return out

@@ -1,0 +1,1 @@
+"""operator (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""up (see docs/ARCHITECTURE.md)."""

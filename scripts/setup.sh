@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine (root, Python 3.11):
+#   1. Debian packages: bcc (python3-bpfcc), kernel headers, Prometheus, Alertmanager (+ promtool, amtool);
+#   2. the header links bcc needs when the running kernel ships no headers of its own;
+#   3. .venv/ at the repo root with the pinned dependencies and gpulens installed editable;
+#   4. Debian's bcc module made importable from .venv without shadowing the venv's packages.
+# Re-running it does only what is missing. Progress goes to stderr, one line per step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+APT_PKGS=(python3-bpfcc linux-headers-amd64 prometheus prometheus-alertmanager iproute2 util-linux)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" != 0 ]; then
+    say "missing Debian packages (${missing[*]}) and not root: install them, then re-run"; exit 1
+  fi
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >&2
+  # The packaged services must not start on their own: tests and `gpulens up` run their own.
+  made_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1
+  fi
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  ((made_policy)) && rm -f /usr/sbin/policy-rc.d
+fi
+
+# bcc compiles against the running kernel's headers; a kernel without its own gets Debian's.
+KDIR=/lib/modules/$(uname -r)
+if [ "$(id -u)" = 0 ] && [ ! -e "$KDIR/build/include" ]; then
+  amd64=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1 || true)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n1 || true)
+  if [ -n "$amd64" ] && [ -n "$common" ]; then
+    say "linking $KDIR/build -> $amd64 and source -> $common"
+    mkdir -p "$KDIR"
+    ln -sfn "$amd64" "$KDIR/build"
+    ln -sfn "$common" "$KDIR/source"
+  else
+    say "no Debian kernel headers found: eBPF probes will be disabled"
+  fi
+fi
+
+PY=${GPULENS_PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+stamp=.venv/.gpulens-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
+  say "installing pinned dependencies into .venv (first time: a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip >&2
+  .venv/bin/python -m pip install -q -e ".[dev]" >&2
+  echo "$want" > $stamp
+fi
+
+# Debian's bcc is pure Python over libbcc: link just that package into the venv, so nothing
+# else from dist-packages (older numpy, yaml, ...) can shadow the venv's own packages.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$site/bcc" ]; then
+  ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+  say "linked Debian's bcc into .venv"
+fi
+say "ready: $ROOT/.venv ($(.venv/bin/python -c 'import gpulens; print("gpulens", gpulens.__version__)'))"
