@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 say() { printf '[setup] %s\n' "$*" >&2; }
 
-APT_PKGS=(python3-bpfcc linux-headers-amd64 prometheus prometheus-alertmanager iproute2 util-linux)
+APT_PKGS=(python3-bpfcc linux-headers-amd64 prometheus prometheus-alertmanager iproute2 util-linux gcc chromium)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
