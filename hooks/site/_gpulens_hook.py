@@ -21,10 +21,9 @@ import time
 import zlib
 
 SCHEMA_VERSION = 1
-_LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch",
-                     "torch/distributed/run.py", "torch/distributed/launch.py")
-_HELPER_MARKERS = ("multiprocessing.spawn", "multiprocessing.forkserver", "--multiprocessing-fork",
-                   "multiprocessing.resource_tracker")
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_LAUNCHER_SCRIPTS = ("torchrun", "run.py", "launch.py")
+_HELPER_MODULES = ("multiprocessing.spawn", "multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
 
 def _cmdline() -> list[str]:
@@ -36,11 +35,28 @@ def _cmdline() -> list[str]:
 
 
 def role(cmdline: list[str]) -> str:
-    """'launcher', 'helper' or 'worker' for a process with this command line."""
-    text = " ".join(cmdline[:4])
-    if any(m in text for m in _HELPER_MARKERS):
+    """'launcher', 'helper' or 'worker' for a Python process with this command line.
+
+    Only the interpreter's own arguments decide (the module after -m, the code after -c, the
+    script path): a worker script whose *path* mentions torchrun is still a worker.
+    """
+    args = cmdline[1:]
+    while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+        args = args[1:]  # interpreter flags such as -u, -O, -X dev (its value has no dash)
+    if not args:
+        return "worker"
+    if args[0] == "-c":
+        code = args[1] if len(args) > 1 else ""
+        return "helper" if any(m in code for m in _HELPER_MODULES) else "worker"
+    if "--multiprocessing-fork" in cmdline:
         return "helper"
-    if any(os.path.basename(a) == "torchrun" for a in cmdline[:2]) or any(m in text for m in _LAUNCHER_MARKERS):
+    if args[0] == "-m":
+        module = args[1] if len(args) > 1 else ""
+        if module in _LAUNCHER_MODULES:
+            return "launcher"
+        return "helper" if module in _HELPER_MODULES else "worker"
+    script = args[0].replace("\\", "/")
+    if os.path.basename(script) == "torchrun" or script.endswith(tuple(f"torch/distributed/{n}" for n in _LAUNCHER_SCRIPTS[1:])):
         return "launcher"
     return "worker"
 

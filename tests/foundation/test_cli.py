@@ -1,0 +1,70 @@
+"""The `gpulens` command line: every subcommand is listed, has --help, and bad options fail cleanly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpulens.cli import SUBCOMMANDS, main
+
+EXPECTED = ["up", "exporter", "agent", "coordinator", "gateway", "operator", "analyze", "capture", "hook-path", "version"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpulens.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_subcommand():
+    out = run("--help")
+    assert out.returncode == 0
+    for name in EXPECTED:
+        assert f"\n  {name} " in out.stdout, name
+    assert list(SUBCOMMANDS) == EXPECTED
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_each_subcommand_has_help(name, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([name, "--help"])
+    assert exc.value.code == 0
+    assert f"gpulens {name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["agent", "exporter", "version"])
+def test_unknown_option_is_a_one_line_error_with_exit_2(name):
+    out = run(name, "--no-such-option")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "--no-such-option" in lines[0] and lines[0].startswith(f"gpulens {name}: error:")
+
+
+def test_unknown_command_exits_2():
+    out = run("frobnicate")
+    assert out.returncode == 2
+    assert "unknown command 'frobnicate'" in out.stderr
+    assert out.stderr.count("\n") == 1
+
+
+def test_no_arguments_prints_help_and_exits_2():
+    out = run()
+    assert out.returncode == 2
+    assert "COMMAND" in out.stdout
+
+
+def test_hook_path_is_an_importable_sitecustomize_folder(tmp_path):
+    out = run("hook-path")
+    assert out.returncode == 0
+    folder = out.stdout.strip()
+    assert (tmp_path / "x").parent.exists()
+    from pathlib import Path
+    assert (Path(folder) / "sitecustomize.py").is_file()
+    assert (Path(folder) / "_gpulens_hook.py").is_file()
+
+
+def test_version():
+    from gpulens import __version__
+    out = run("version")
+    assert out.returncode == 0 and out.stdout.strip() == f"gpulens {__version__}"
