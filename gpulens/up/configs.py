@@ -1,0 +1,67 @@
+"""Configuration files that `gpulens up` generates for the system Prometheus and Alertmanager.
+
+Intervals are short (seconds, not minutes) because the embedded default exists to show the whole
+loop within minutes on one machine; the cluster values live in the Helm chart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["prometheus_config", "alertmanager_config", "write_yaml"]
+
+
+def prometheus_config(*, exporter: str, rule_files: list[Path], alertmanager: str,
+                      scrape_interval_s: int = 2, evaluation_interval_s: int = 2,
+                      extra_targets: dict[str, str] | None = None) -> dict[str, Any]:
+    scrape = [{
+        "job_name": "gpulens-exporter",
+        "scrape_interval": f"{scrape_interval_s}s",
+        "static_configs": [{"targets": [exporter]}],
+    }]
+    for job, target in (extra_targets or {}).items():
+        scrape.append({"job_name": job, "static_configs": [{"targets": [target]}]})
+    return {
+        "global": {"scrape_interval": f"{scrape_interval_s}s", "evaluation_interval": f"{evaluation_interval_s}s",
+                   "external_labels": {"gpulens": "embedded"}},
+        "rule_files": [str(p) for p in rule_files],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": scrape,
+    }
+
+
+def alertmanager_config(*, webhook_url: str, token_file: Path, group_wait_s: int = 1,
+                        group_interval_s: int = 5, repeat_interval: str = "1h") -> dict[str, Any]:
+    """Auto-capture alerts go to the gateway (bearer token from a file); everything else nowhere."""
+    return {
+        "route": {
+            "receiver": "null",
+            "group_by": ["alertname", "namespace", "gpulens_job"],
+            "group_wait": f"{group_wait_s}s",
+            "group_interval": f"{group_interval_s}s",
+            "repeat_interval": repeat_interval,
+            "routes": [{
+                "receiver": "gpulens-gateway",
+                "matchers": ['gpulens_capture="auto"'],
+                "continue": False,
+            }],
+        },
+        "receivers": [
+            {"name": "null"},
+            {"name": "gpulens-gateway", "webhook_configs": [{
+                "url": webhook_url,
+                "send_resolved": True,
+                "max_alerts": 0,
+                "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}},
+            }]},
+        ],
+    }
+
+
+def write_yaml(path: Path, data: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
