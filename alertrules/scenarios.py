@@ -1,0 +1,415 @@
+"""Workload stories for the promtool tests: three incidents, the extra diagnoses, and non-events.
+
+Each scenario is a timeline of per-minute samples, written the way the exporter and Prometheus
+would produce them: counters per (node, gpu, namespace, pod, container) with the scrape's
+`instance` and `job` labels, a staleness marker when a series disappears (job end, exporter
+down), counters restarting at 0 after an exporter restart, and `gpulens_gpu_pods` derived from the
+pods alive on each GPU. `promtool_tests` renders them to promtool test files.
+
+The numbers follow DESIGN.md "Three incidents the signals must tell apart": a busy trainer
+launches 2000 kernels/s, spends 30% of its time blocked in syncs, feeds 50 MB/s host-to-device
+and copies 0.2 MB/s back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+__all__ = ["Steps", "Pod", "Expect", "Scenario", "RawSeries", "INCIDENTS", "NON_EVENTS",
+           "EXPORTER", "RECORDING", "ALL"]
+
+Value = Union[float, str]  # a number, "stale" or "_" (no sample)
+
+SCRAPE_JOB = "gpulens-exporter"
+NODE = "gpu-node-1"
+INSTANCE = "10.0.0.11:9450"
+
+LAUNCHES = 2000.0     # kernel launches per second
+SYNC = 0.3            # seconds blocked per second
+H2D = 50e6            # bytes per second host-to-device
+D2H = 0.2e6           # bytes per second device-to-host
+MEMORY = 20e9         # GPU memory bytes in use
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A piecewise-constant rate: ((from_minute, value), ...), with an optional cycle of factors."""
+
+    steps: tuple[tuple[int, float], ...]
+    jitter: tuple[float, ...] = (1.0,)
+
+    def at(self, minute: int) -> float:
+        value = 0.0
+        for start, v in self.steps:
+            if minute >= start:
+                value = v
+        return value * self.jitter[minute % len(self.jitter)]
+
+
+def flat(value: float) -> Steps:
+    return Steps(((0, value),))
+
+
+def change(before: float, at: int, after: float) -> Steps:
+    return Steps(((0, before), (at, after)))
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    pod: str
+    gpu: str = "0"
+    container: str = "trainer"
+    node: str = NODE
+    gpulens_job: str | None = None
+    launches: Steps = flat(LAUNCHES)
+    graph_launches: Steps | None = None
+    sync_wait: Steps = flat(SYNC)
+    h2d: Steps = flat(H2D)
+    d2h: Steps = flat(D2H)
+    start: int = 0           # first sample (counters start at 0 here)
+    end: int | None = None   # the process is gone from this minute: staleness marker
+
+    def alive(self, minute: int) -> bool:
+        return self.start <= minute and (self.end is None or minute < self.end)
+
+    def alert_labels(self) -> dict[str, str]:
+        labels = {"namespace": self.namespace, "pod": self.pod, "node": self.node}
+        if self.gpulens_job:
+            labels["gpulens_job"] = self.gpulens_job
+        return labels
+
+
+@dataclass(frozen=True)
+class RawSeries:
+    """A series given sample by sample (exporter self-metrics)."""
+
+    series: str
+    values: tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class Expect:
+    """At `minute`, exactly these alerts fire (every other alert name: none)."""
+
+    minute: int
+    firing: tuple[tuple[str, dict[str, str]], ...] = ()
+
+
+@dataclass(frozen=True)
+class ExpectSamples:
+    minute: int
+    expr: str
+    samples: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    story: str
+    minutes: int
+    pods: tuple[Pod, ...] = ()
+    raw: tuple[RawSeries, ...] = ()
+    expect: tuple[Expect, ...] = ()
+    expect_samples: tuple[ExpectSamples, ...] = ()
+    # exporter down for minutes [a, b): every series of the node goes stale at a; counters
+    # restart from 0 at b (from a new scrape address if `instance_after_outage` is set)
+    outage: tuple[int, int] | None = None
+    instance_after_outage: str | None = None
+
+    # --- samples ---------------------------------------------------------------------------
+    def series(self) -> list[tuple[str, list[Value]]]:
+        out: list[tuple[str, list[Value]]] = []
+        for pod in self.pods:
+            out.extend(self._pod_series(pod))
+        out.extend(self._gpu_series())
+        out.extend((r.series, list(r.values)) for r in self.raw)
+        return out
+
+    def _instance(self, minute: int) -> str:
+        if self.outage and self.instance_after_outage and minute >= self.outage[1]:
+            return self.instance_after_outage
+        return INSTANCE
+
+    def _instances(self) -> list[str]:
+        return [INSTANCE] + ([self.instance_after_outage] if self.instance_after_outage else [])
+
+    def _down(self, minute: int) -> bool:
+        return bool(self.outage and self.outage[0] <= minute < self.outage[1])
+
+    def _gauge(self, selector: str, alive, value) -> list[tuple[str, list[Value]]]:
+        out = []
+        for inst in self._instances():
+            values: list[Value] = []
+            prev_present = False
+            for t in range(self.minutes + 1):
+                present = alive(t) and not self._down(t) and self._instance(t) == inst
+                if present:
+                    values.append(value(t))
+                else:
+                    values.append("stale" if prev_present else "_")
+                prev_present = present
+            if any(v not in ("_", "stale") for v in values):
+                out.append((_series(selector, inst), values))
+        return out
+
+    def _counter(self, selector: str, pod: Pod, rate: Steps) -> list[tuple[str, list[Value]]]:
+        out = []
+        for inst in self._instances():
+            values: list[Value] = []
+            total = 0.0
+            prev_present = False
+            for t in range(self.minutes + 1):
+                present = pod.alive(t) and not self._down(t) and self._instance(t) == inst
+                restarted = self.outage is not None and t == self.outage[1]
+                if present:
+                    if restarted:
+                        total = rate.at(t) * 30  # counted since the restart, 30 s before the scrape
+                    elif prev_present:
+                        total += rate.at(t - 1) * 60
+                    values.append(round(total, 6))
+                else:
+                    values.append("stale" if prev_present else "_")
+                prev_present = present
+            if any(v not in ("_", "stale") for v in values):
+                out.append((_series(selector, inst), values))
+        return out
+
+    def _pod_series(self, pod: Pod) -> list[tuple[str, list[Value]]]:
+        base = (f'node="{pod.node}", gpu="{pod.gpu}", namespace="{pod.namespace}", '
+                f'pod="{pod.pod}", container="{pod.container}"')
+        if pod.gpulens_job:
+            base += f', gpulens_job="{pod.gpulens_job}"'
+        out = self._counter(f"gpulens_kernel_launches_total{{{base}}}", pod, pod.launches)
+        if pod.graph_launches is not None:
+            out += self._counter(f"gpulens_graph_launches_total{{{base}}}", pod, pod.graph_launches)
+        out += self._counter(f"gpulens_sync_wait_seconds_total{{{base}}}", pod, pod.sync_wait)
+        out += self._counter(f'gpulens_memcpy_bytes_total{{{base}, direction="h2d"}}', pod, pod.h2d)
+        out += self._counter(f'gpulens_memcpy_bytes_total{{{base}, direction="d2h"}}', pod, pod.d2h)
+        out += self._gauge(f"gpulens_process_gpu_memory_bytes{{{base}}}", pod.alive, lambda t: MEMORY)
+        return out
+
+    def _gpu_series(self) -> list[tuple[str, list[Value]]]:
+        out = []
+        for node, gpu in sorted({(p.node, p.gpu) for p in self.pods}):
+            on_gpu = [p for p in self.pods if (p.node, p.gpu) == (node, gpu)]
+            out += self._gauge(f'gpulens_gpu_pods{{node="{node}", gpu="{gpu}"}}', lambda t: True,
+                               lambda t, on_gpu=on_gpu: float(sum(p.alive(t) for p in on_gpu)))
+        return out
+
+
+def _series(selector: str, instance: str) -> str:
+    name, rest = selector.split("{", 1)
+    return f'{name}{{instance="{instance}", job="{SCRAPE_JOB}", {rest}'
+
+
+def fires(alertname: str, pod: Pod, diagnosis: str) -> tuple[str, dict[str, str]]:
+    """The alert `alertname` for `pod`, with the diagnosis the story calls for (not the rule's)."""
+    return (alertname, {**pod.alert_labels(), "diagnosis": diagnosis})
+
+
+# --- the three incidents of DESIGN.md, and the extra diagnoses -------------------------------
+T = 60  # the incident starts here; every pod has 60 minutes of steady history before it
+
+_victim = Pod("ml", "llama-ft-0", gpulens_job="llama-ft")
+_host_sync = Pod("ml", "llama-ft-0", gpulens_job="llama-ft",
+                 launches=change(LAUNCHES, T, 1950.0), sync_wait=change(SYNC, T, 0.55),
+                 d2h=change(D2H, T, 40e6))
+_nn_victim = Pod("ml", "resnet-0", sync_wait=change(SYNC, T, 0.2),
+                 launches=change(LAUNCHES, T, 1000.0), h2d=change(H2D, T, 25e6))
+_nn_neighbour = Pod("batch", "etl-7f9c", container="worker", start=T, launches=flat(900.0))
+_starved = Pod("ml", "bert-0", launches=change(LAUNCHES, T, 900.0), sync_wait=change(SYNC, T, 0.1),
+               h2d=change(H2D, T, 15e6))
+_slow_gpu = Pod("ml", "vit-0", launches=change(LAUNCHES, T, 1000.0), sync_wait=change(SYNC, T, 0.7),
+                h2d=change(H2D, T, 25e6))
+_stalled = Pod("ml", "gpt-3", launches=change(LAUNCHES, T, 0.0), sync_wait=change(SYNC, T, 0.0),
+               h2d=change(H2D, T, 0.0), d2h=change(D2H, T, 0.0))
+_unexplained = Pod("ml", "dlrm-0", launches=change(LAUNCHES, T, 1000.0))
+_shared_starved = Pod("ml", "bert-1", launches=change(LAUNCHES, T, 900.0),
+                      sync_wait=change(SYNC, T, 0.1), h2d=change(H2D, T, 15e6))
+_shared_other = Pod("ml", "bert-eval-0", launches=flat(500.0))
+
+
+def _incident(name: str, story: str, pods: tuple[Pod, ...], fired_at: int,
+              firing: tuple[str, Pod, str]) -> Scenario:
+    return Scenario(
+        name=name, story=story, minutes=80, pods=pods,
+        # T+7: the condition holds but `for:` has not elapsed yet (pending is not firing)
+        expect=(Expect(T - 10), Expect(T + 3), Expect(T + 7), Expect(fired_at, (fires(*firing),))),
+    )
+
+
+INCIDENTS: tuple[Scenario, ...] = (
+    _incident("host_sync",
+              "A 'logging only' change copies tensors to the host every step: demand flat, "
+              "back-pressure 0.30 -> 0.55, D2H 0.2 -> 40 MB/s, one pod on the GPU. The job's "
+              "gpulens_job label is carried into the alert.",
+              (_host_sync,), T + 15, ("GPUWorkloadHostSync", _host_sync, "host_sync")),
+    _incident("noisy_neighbor",
+              "Another team's batch pod lands on the same GPU: the victim's demand halves and its "
+              "back-pressure and transfers fall with it; pods on the GPU 1 -> 2. The newcomer has "
+              "no baseline and stays silent.",
+              (_nn_victim, _nn_neighbour), T + 15, ("GPUWorkloadNoisyNeighbor", _nn_victim, "noisy_neighbor")),
+    _incident("input_starvation",
+              "The trainer's CPU limit is lowered: demand -55%, back-pressure falls, H2D "
+              "50 -> 15 MB/s, one pod on the GPU.",
+              (_starved,), T + 15, ("GPUWorkloadInputStarvation", _starved, "input_starvation")),
+    _incident("input_starvation_on_shared_gpu",
+              "Input starvation of a pod that has always shared its GPU with another: contention "
+              "that was there all along is not a new neighbour.",
+              (_shared_starved, _shared_other), T + 15,
+              ("GPUWorkloadInputStarvation", _shared_starved, "input_starvation")),
+    _incident("device_slowdown",
+              "The GPU throttles: demand halves while the host waits on it longer "
+              "(0.30 -> 0.70), no new D2H, no neighbour.",
+              (_slow_gpu,), T + 15, ("GPUWorkloadDeviceSlowdown", _slow_gpu, "device_slowdown")),
+    _incident("stalled",
+              "A collective hangs: launches, syncs and copies stop while the process lives on.",
+              (_stalled,), T + 15, ("GPUWorkloadStalled", _stalled, "stalled")),
+    _incident("unclassified_demand_drop",
+              "Demand halves with back-pressure, transfers and contention unchanged.",
+              (_unexplained,), T + 17, ("GPUWorkloadDemandDrop", _unexplained, "unclassified")),
+)
+
+
+# --- non-events: all of these must stay silent ------------------------------------------------
+_quiet = tuple(Expect(m) for m in (40, 60, 61, 62, 63, 65, 70, 80, 100, 119))
+
+NON_EVENTS: tuple[Scenario, ...] = (
+    Scenario("steady_job", "Two hours of a steady trainer with +-10% minute-to-minute jitter.",
+             120, pods=(Pod("ml", "steady-0",
+                            launches=Steps(((0, LAUNCHES),), jitter=(1.0, 0.9, 1.1, 0.95, 1.05)),
+                            sync_wait=Steps(((0, SYNC),), jitter=(1.0, 1.1, 0.9)),
+                            graph_launches=flat(10.0)),), expect=_quiet),
+    Scenario("job_ends",
+             "The job winds down (8 minutes of checkpointing without launches) and exits at "
+             "minute 60: its series go stale, and the 5m rate windows that still hold its last "
+             "samples must not keep a 'stalled' alert going.",
+             120, pods=(Pod("ml", "done-0", launches=change(LAUNCHES, 52, 0.0),
+                            sync_wait=change(SYNC, 52, 0.0), h2d=change(H2D, 52, 0.0), end=60),),
+             expect=_quiet),
+    Scenario("exporter_restart_counter_reset",
+             "The exporter is down for minutes 60-61 and restarts: every series goes stale and "
+             "the counters restart from 0 at minute 62.",
+             120, pods=(Pod("ml", "steady-0"),), outage=(60, 62), expect=_quiet),
+    Scenario("exporter_restart_between_scrapes",
+             "The exporter restarts within one scrape interval: no sample is missed, so no "
+             "staleness; the counters just drop to 0 at minute 60. The recorded rate must not dip.",
+             120, pods=(Pod("ml", "steady-0"),), outage=(60, 60), expect=_quiet,
+             expect_samples=tuple(
+                 s for m in range(59, 67) for s in (
+                     ExpectSamples(m, "count(namespace_pod:gpulens_launches:rate5m < 1500)", ()),
+                     ExpectSamples(m, "count(namespace_pod:gpulens_launches:rate5m >= 1500)", (("{}", 1.0),)),
+                 ))),
+    Scenario("exporter_pod_replaced",
+             "The exporter pod is replaced (3 minutes down): counters restart at 0 under a new "
+             "scrape address, so every series is new.",
+             120, pods=(Pod("ml", "steady-0"),), outage=(60, 63),
+             instance_after_outage="10.0.0.12:9450", expect=_quiet),
+    Scenario("brief_dip",
+             "A neighbour visits the GPU for 4 minutes and the trainer's demand halves meanwhile: "
+             "a blip, not an incident (`for:`).",
+             120, pods=(Pod("ml", "steady-0", launches=Steps(((0, LAUNCHES), (60, 800.0), (64, LAUNCHES)))),
+                        Pod("batch", "visitor-0", start=60, end=64, launches=flat(900.0))),
+             expect=_quiet),
+    Scenario("tiny_traffic",
+             "A notebook launching 10 kernels/s drops to 1/s while its back-pressure and D2H "
+             "rise and H2D vanishes: below the 20 launches/s minimum baseline, nothing alerts.",
+             120, pods=(Pod("ml", "notebook-0", launches=change(10.0, 60, 1.0),
+                            sync_wait=change(0.01, 60, 0.5), h2d=change(100e3, 60, 0.0),
+                            d2h=change(1e3, 60, 20e6)),), expect=_quiet),
+    Scenario("young_job",
+             "A job starts at minute 50, warms up for 5 minutes at 200 launches/s, runs at 2000 "
+             "and dips to 600 at minute 65: with under 35 minutes of history it has no baseline "
+             "to drop from.",
+             84, pods=(Pod("ml", "young-0", start=50,
+                           launches=Steps(((0, 200.0), (55, LAUNCHES), (65, 600.0))),
+                           h2d=Steps(((0, 1e6), (55, H2D), (65, 10e6)))),),
+             expect=tuple(Expect(m) for m in (55, 60, 70, 75, 80, 84))),
+    Scenario("shared_gpu_steady",
+             "Two pods share one GPU the whole time: contention that was always there does not "
+             "'appear'.", 120,
+             pods=(Pod("ml", "a-0"), Pod("ml", "b-0", launches=flat(1500.0))), expect=_quiet),
+)
+
+
+# --- exporter self-metrics ---------------------------------------------------------------------
+def _raw(name: str, labels: str, values: list[Value]) -> RawSeries:
+    return RawSeries(f'{name}{{instance="{INSTANCE}", job="{SCRAPE_JOB}", node="{NODE}", {labels}}}',
+                     tuple(values))
+
+
+def _exporter_fires(alertname: str, **labels: str) -> tuple[str, dict[str, str]]:
+    return (alertname, {"instance": INSTANCE, "job": SCRAPE_JOB, "node": NODE,
+                        "diagnosis": "exporter_degraded", **labels})
+
+
+EXPORTER: tuple[Scenario, ...] = (
+    Scenario("exporter_source_lost",
+             "NVML worked for 30 minutes and then failed; eBPF was never available on this node "
+             "(no libcuda) and must not alert.", 60,
+             raw=(_raw("gpulens_exporter_source_up", 'source="nvml"', [1.0] * 30 + [0.0] * 31),
+                  _raw("gpulens_exporter_source_up", 'source="ebpf"', [0.0] * 61)),
+             expect=(Expect(35), Expect(45, (_exporter_fires("GPULensExporterSourceLost",
+                                                             source="nvml"),)))),
+    Scenario("exporter_map_nearly_full",
+             "The process map is 95% full, the cgroup map 10%; a map with capacity 0 is not a "
+             "division by zero.", 30,
+             raw=(_raw("gpulens_exporter_map_entries", 'map="procs"', [950.0] * 31),
+                  _raw("gpulens_exporter_map_capacity", 'map="procs"', [1000.0] * 31),
+                  _raw("gpulens_exporter_map_entries", 'map="cgroups"', [100.0] * 31),
+                  _raw("gpulens_exporter_map_capacity", 'map="cgroups"', [1000.0] * 31),
+                  _raw("gpulens_exporter_map_entries", 'map="spare"', [0.0] * 31),
+                  _raw("gpulens_exporter_map_capacity", 'map="spare"', [0.0] * 31)),
+             expect=(Expect(10), Expect(20, (_exporter_fires("GPULensExporterMapNearlyFull",
+                                                             map="procs"),)))),
+)
+
+
+# --- recording rules: exact values on a steady two-GPU pod ------------------------------------
+_two_gpu = (Pod("ml", "ddp-0", gpu="0", launches=flat(1000.0), graph_launches=flat(50.0),
+                sync_wait=flat(0.5)),
+            Pod("ml", "ddp-0", gpu="1", launches=flat(1000.0), graph_launches=flat(50.0),
+                sync_wait=flat(0.5)))
+_ddp = {"namespace": "ml", "pod": "ddp-0", "node": NODE}
+
+
+def _labels(extra: dict[str, str] | None = None) -> str:
+    merged = {**_ddp, **(extra or {})}
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(merged.items())) + "}"
+
+
+RECORDING: tuple[Scenario, ...] = (
+    Scenario("recording_rules",
+             "A DDP pod with one rank on each of two GPUs: per-pod sums and means, the scrape's "
+             "instance/job labels aggregated away, baselines and the ratio gate.", 50,
+             pods=_two_gpu,
+             expect_samples=(
+                 ExpectSamples(50, "namespace_pod:gpulens_launches:rate5m",
+                               ((f"namespace_pod:gpulens_launches:rate5m{_labels()}", 2100.0),)),
+                 ExpectSamples(50, "namespace_pod:gpulens_sync_wait_seconds:rate5m",
+                               ((f"namespace_pod:gpulens_sync_wait_seconds:rate5m{_labels()}", 1.0),)),
+                 ExpectSamples(50, "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
+                               ((f"namespace_pod:gpulens_sync_wait_seconds:avg_rate5m{_labels()}", 0.5),)),
+                 ExpectSamples(50, 'namespace_pod_direction:gpulens_memcpy_bytes:rate5m{direction="h2d"}',
+                               ((f"namespace_pod_direction:gpulens_memcpy_bytes:rate5m"
+                                 f"{_labels({'direction': 'h2d'})}", 2 * H2D),)),
+                 ExpectSamples(50, "namespace_pod:gpulens_gpu_pods:max",
+                               ((f"namespace_pod:gpulens_gpu_pods:max{_labels()}", 1.0),)),
+                 ExpectSamples(50, "namespace_pod:gpulens_launches:baseline30m_rate5m",
+                               ((f"namespace_pod:gpulens_launches:baseline30m_rate5m{_labels()}", 2100.0),)),
+                 ExpectSamples(50, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
+                               ((f"namespace_pod:gpulens_launches_per_baseline:ratio_rate5m{_labels()}", 1.0),)),
+                 # 34 minutes of history: no baseline yet, so no gate
+                 ExpectSamples(34, "namespace_pod:gpulens_launches:baseline30m_rate5m", ()),
+                 ExpectSamples(34, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m", ()),
+                 # nothing rising or falling in a steady pod
+                 ExpectSamples(50, "namespace_pod:gpulens_gpu_pods:max_rising", ()),
+                 ExpectSamples(50, "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m_rising", ()),
+                 ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_rising", ()),
+                 ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_falling", ()),
+             )),
+)
+
+ALL: tuple[Scenario, ...] = INCIDENTS + NON_EVENTS + EXPORTER + RECORDING
