@@ -308,10 +308,16 @@ NON_EVENTS: tuple[Scenario, ...] = (
              120, pods=(Pod("ml", "steady-0"),), outage=(60, 63),
              instance_after_outage="10.0.0.12:9450", expect=_quiet),
     Scenario("brief_dip",
-             "A neighbour visits the GPU for 4 minutes and the trainer's demand halves meanwhile: "
+             "A neighbour visits the GPU for 5 minutes and the trainer's demand drops to 30% meanwhile: "
              "a blip, not an incident (`for:`).",
-             120, pods=(Pod("ml", "steady-0", launches=Steps(((0, LAUNCHES), (60, 800.0), (64, LAUNCHES)))),
-                        Pod("batch", "visitor-0", start=60, end=64, launches=flat(900.0))),
+             120, pods=(Pod("ml", "steady-0", launches=Steps(((0, LAUNCHES), (60, 600.0), (65, LAUNCHES)))),
+                        Pod("batch", "visitor-0", start=60, end=65, launches=flat(900.0))),
+             expect=_quiet),
+    Scenario("neighbour_without_slowdown",
+             "A pod joins the GPU and the trainer's host waits longer (0.30 -> 0.60) but its demand "
+             "holds: no throughput anomaly, and the waiting is not a host_sync change.",
+             120, pods=(Pod("ml", "steady-0", sync_wait=change(SYNC, 60, 0.6)),
+                        Pod("batch", "etl-1", start=60, launches=flat(500.0))),
              expect=_quiet),
     Scenario("tiny_traffic",
              "A notebook launching 10 kernels/s drops to 1/s while its back-pressure and D2H "
