@@ -1,15 +1,64 @@
-"""CLI entry for this component: `configure(parser)` adds its options, `run(args)` runs it."""
+"""`gpulens analyze MANIFEST_URI [--out DIR]`: analyse one capture, print the report URI.
+
+stdout carries exactly one line, the report URI (the coordinator links it from Grafana); progress
+and problems go to stderr as logfmt lines. Exit codes:
+  0  something was analysed (report and summary written)
+  2  refused: bad arguments, or a manifest that is unreadable, invalid, empty or without artifacts
+  3  nothing could be analysed (every rank excluded, or every analysis failed); report still written
+  1  any other failure (for example the archive refused the outputs)
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_NOTHING_ANALYSED = 0, 1, 2, 3
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest_uri", metavar="MANIFEST_URI",
+                        help="the capture's manifest.json: file:///... or s3://bucket/...")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write summary.json and report.html to this local folder instead of next to the "
+                             "manifest in the archive")
+    parser.add_argument("--s3-endpoint", default=os.environ.get("GPULENS_S3_ENDPOINT"), metavar="URL",
+                        help="S3-compatible endpoint for s3:// URIs (credentials: the usual AWS_* variables)")
+    parser.add_argument("--jobs", type=int, default=2, metavar="N",
+                        help="traces parsed at once (1-8, default 2); each needs ~5x its uncompressed size in memory")
+    parser.add_argument("--work-dir", type=Path, default=None, metavar="DIR",
+                        help="where to put the temporary local copies of the traces (default: the system temp dir)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"{sys.argv[0]}: this component is not built yet", file=sys.stderr)
-    return 1
+    from capture.archive import ArchiveError
+    from gpulens.logs import get_logger
+
+    from .facade import AnalyzeOptions, analyze_manifest
+    from .manifest_reading import ManifestRefused
+
+    log = get_logger("analysis")
+    if not 1 <= args.jobs <= 8:
+        print(f"gpulens analyze: --jobs must be between 1 and 8, not {args.jobs}", file=sys.stderr)
+        return EXIT_REFUSED
+    options = AnalyzeOptions(out_dir=args.out, s3_endpoint=args.s3_endpoint, jobs=args.jobs, work_dir=args.work_dir)
+    try:
+        result = analyze_manifest(args.manifest_uri, options, log=log)
+    except ManifestRefused as exc:
+        log.error("manifest.refused", uri=args.manifest_uri, reason=exc.code, detail=str(exc))
+        print(f"gpulens analyze: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except ArchiveError as exc:
+        log.error("analysis.write_failed", uri=args.manifest_uri, error=str(exc))
+        print(f"gpulens analyze: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(result.report_uri, flush=True)
+    if not result.analysed:
+        counts = result.summary["counts"]
+        print(f"gpulens analyze: nothing was analysed ({counts['analysed']} of {counts['archived']} archived ranks "
+              f"usable; see {result.report_uri})", file=sys.stderr)
+        return EXIT_NOTHING_ANALYSED
+    return EXIT_OK

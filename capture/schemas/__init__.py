@@ -17,7 +17,7 @@ from referencing import Registry, Resource
 
 __all__ = ["SCHEMA_NAMES", "SchemaError", "load", "validate", "errors"]
 
-SCHEMA_NAMES = ("registration", "capture_request", "dispatch", "target_status", "manifest")
+SCHEMA_NAMES = ("registration", "capture_request", "dispatch", "target_status", "manifest", "summary")
 _BASE = "https://gpulens.dev/schemas/"
 
 

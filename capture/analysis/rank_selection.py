@@ -1,0 +1,143 @@
+"""Decide which archived ranks go into one HTA run, and account for every rank that does not.
+
+HTA aligns ranks by subtracting the smallest raw timestamp across all of them, so ranks must be
+on one clock: files from another job (or another clock base) silently produce nonsense or an
+int64 overflow deep inside HTA. Ranks are grouped by clock (Kineto's `baseTimeNanoseconds`, or
+absolute epoch-µs timestamps) and by start time within the capture window; the largest group is
+analysed and every other rank is reported as excluded with the reason. Expected ranks with no
+archived artifact are reported as missing with the manifest's failure reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from capture.models import Artifact, Manifest
+
+from .exclusions import Exclusion
+from .trace_inspection import Inspected, TraceFacts
+
+__all__ = ["RankEntry", "RankPlan", "plan_ranks", "START_SLACK_S"]
+
+#: ranks of one capture start tracing within the window; allow this much more for slow pickup
+START_SLACK_S = 300.0
+
+
+@dataclass(frozen=True)
+class RankEntry:
+    rank: int | None
+    target_id: str
+    status: str                      # "analysed" | "excluded" | "missing"
+    reason: str | None = None        # Exclusion value, or the manifest's failure reason for missing ranks
+    detail: str = ""
+    artifact: Artifact | None = None
+    facts: TraceFacts | None = None
+    hta_path: str | None = None
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    entries: list[RankEntry]
+
+    @property
+    def analysed(self) -> dict[int, str]:
+        return {e.rank: e.hta_path for e in self.entries if e.status == "analysed"}
+
+    def with_status(self, status: str) -> list[RankEntry]:
+        return [e for e in self.entries if e.status == status]
+
+
+def plan_ranks(manifest: Manifest, inspected: list[Inspected]) -> RankPlan:
+    """`inspected` is in the manifest's artifact order (one per artifact)."""
+    entries: list[RankEntry] = []
+    candidates: list[RankEntry] = []
+    holder: dict[int, str] = {}
+    for artifact, result in zip(manifest.artifacts, inspected):
+        base = dict(rank=artifact.rank, target_id=artifact.target_id, artifact=artifact, facts=result.facts)
+        if result.exclusion is not None:
+            entries.append(RankEntry(status="excluded", reason=result.exclusion.value, detail=result.detail, **base))
+            continue
+        facts = result.facts
+        if facts.distributed_rank is not None and facts.distributed_rank != artifact.rank:
+            entries.append(RankEntry(status="excluded", reason=Exclusion.RANK_MISMATCH.value,
+                                     detail=f"the trace says distributedInfo.rank={facts.distributed_rank}; "
+                                            f"the manifest binds it to rank {artifact.rank}", **base))
+            continue
+        if artifact.rank in holder:
+            entries.append(RankEntry(status="excluded", reason=Exclusion.DUPLICATE_RANK.value,
+                                     detail=f"rank {artifact.rank} is already analysed from {holder[artifact.rank]}",
+                                     **base))
+            continue
+        holder[artifact.rank] = artifact.target_id
+        candidates.append(RankEntry(status="analysed", hta_path=result.hta_path, **base))
+
+    kept, dropped = _one_clock(candidates, manifest.duration_ms / 1000.0 + START_SLACK_S)
+    entries.extend(kept)
+    entries.extend(dropped)
+    entries.extend(_missing(manifest))
+    entries.sort(key=lambda e: (e.rank if e.rank is not None else 1 << 62, e.status != "analysed", e.target_id))
+    return RankPlan(entries)
+
+
+def _one_clock(candidates: list[RankEntry], tolerance_s: float) -> tuple[list[RankEntry], list[RankEntry]]:
+    groups: list[list[RankEntry]] = []
+    by_clock: dict[str, list[RankEntry]] = {}
+    for c in candidates:
+        by_clock.setdefault(c.facts.clock, []).append(c)
+    for members in by_clock.values():
+        timed = sorted((m for m in members if m.facts.start_epoch_s is not None), key=lambda m: m.facts.start_epoch_s)
+        untimed = [m for m in members if m.facts.start_epoch_s is None]
+        cluster: list[RankEntry] = []
+        for m in timed:
+            if cluster and m.facts.start_epoch_s - cluster[0].facts.start_epoch_s > tolerance_s:
+                groups.append(cluster)
+                cluster = []
+            cluster.append(m)
+        if cluster:
+            groups.append(cluster)
+        if untimed:
+            groups.append(untimed)
+    if not groups:
+        return [], []
+    best = max(groups, key=lambda g: (len(g), -min(m.rank for m in g)))
+    ref = best[0].facts
+    dropped = []
+    for g in groups:
+        if g is best:
+            continue
+        for m in g:
+            dropped.append(RankEntry(
+                rank=m.rank, target_id=m.target_id, status="excluded", reason=Exclusion.CLOCK_MISMATCH.value,
+                detail=(f"clock {m.facts.clock} starting at {_fmt(m.facts.start_epoch_s)} does not match the "
+                        f"{len(best)} analysed rank(s) on clock {ref.clock} starting at {_fmt(ref.start_epoch_s)}: "
+                        "not the same job and window"),
+                artifact=m.artifact, facts=m.facts))
+    return best, dropped
+
+
+def _fmt(epoch_s: float | None) -> str:
+    if epoch_s is None:
+        return "an unknown time"
+    return dt.datetime.fromtimestamp(epoch_s, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _missing(manifest: Manifest) -> list[RankEntry]:
+    archived = {a.target_id for a in manifest.artifacts}
+    failures = {f.target_id: f for f in manifest.failures}
+    out = []
+    seen = set()
+    for t in manifest.expected_targets:
+        if t.target_id in archived or t.target_id in seen:
+            continue
+        seen.add(t.target_id)
+        f = failures.get(t.target_id)
+        out.append(RankEntry(rank=t.rank, target_id=t.target_id, status="missing",
+                             reason=f.reason if f else "not_archived",
+                             detail=f.detail if f else "expected, but the manifest has no artifact for it"))
+    for f in manifest.failures:  # failures for targets the expectation list does not name
+        if f.target_id not in archived and f.target_id not in seen:
+            seen.add(f.target_id)
+            out.append(RankEntry(rank=f.rank, target_id=f.target_id, status="missing", reason=f.reason,
+                                 detail=f.detail))
+    return out

@@ -1,0 +1,66 @@
+"""Assemble summary.json: the machine-readable result, validated against summary.schema.json.
+
+The report is rendered from this document alone, so everything a reader sees is also here for
+tools (the coordinator, Grafana links, scripts). NaN never reaches the file: numbers HTA could not
+compute are null.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from capture import schemas
+from gpulens import __version__
+
+from .contents import TraceContents
+from .manifest_reading import ManifestInput
+from .rank_selection import RankEntry, RankPlan
+from .running import OK, AnalysisResult
+
+__all__ = ["build_summary", "summary_json", "analysed_something"]
+
+
+def _rank(entry: RankEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"rank": entry.rank, "target_id": entry.target_id, "status": entry.status,
+                           "reason": entry.reason, "detail": entry.detail}
+    a = entry.artifact
+    if a is not None:
+        out.update(node=a.node, pod=a.pod, pid=a.pid, uri=a.uri, size=a.size, sha256=a.sha256)
+    out["trace"] = entry.facts.to_dict() if entry.facts is not None else None
+    return out
+
+
+def analysed_something(results: list[AnalysisResult]) -> bool:
+    return any(r.status == OK for r in results)
+
+
+def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents | None,
+                  results: list[AnalysisResult], hta_version: str, summary_uri: str, report_uri: str) -> dict[str, Any]:
+    m = source.manifest
+    capture: dict[str, Any] = {"capture_id": m.capture_id, "job_id": m.job_id, "attempt": m.attempt,
+                               "manifest_uri": source.uri, "requested_at": m.requested_at,
+                               "duration_ms": m.duration_ms, "fully_succeeded": m.fully_succeeded}
+    if isinstance(m.request.get("reason"), dict):
+        capture["reason"] = m.request["reason"]
+    summary = {
+        "schema_version": 1,
+        "status": "analysed" if analysed_something(results) else "nothing_analysed",
+        "capture": capture,
+        "generated_at": time.time(),
+        "tool": {"gpulens": __version__, "hta": hta_version},
+        "trace_kind": contents.kind if contents is not None else None,
+        "counts": {"expected": len(m.expected_targets), "archived": len(m.artifacts),
+                   "analysed": len(plan.with_status("analysed")), "excluded": len(plan.with_status("excluded")),
+                   "missing": len(plan.with_status("missing"))},
+        "ranks": [_rank(e) for e in plan.entries],
+        "analyses": {r.name: r.to_dict() for r in results},
+        "outputs": {"summary_uri": summary_uri, "report_uri": report_uri},
+    }
+    return schemas.validate("summary", summary)
+
+
+def summary_json(summary: dict[str, Any]) -> bytes:
+    """allow_nan=False: a NaN that slipped through is a bug to see here, not invalid JSON downstream."""
+    return json.dumps(summary, indent=1, allow_nan=False).encode()
