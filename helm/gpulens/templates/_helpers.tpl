@@ -1,0 +1,82 @@
+{{/* Chart name, truncated for use in names and labels. */}}
+{{- define "gpulens.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name when it already contains the chart name. */}}
+{{- define "gpulens.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A component's object name: <fullname>-<component>, at most 63 characters. */}}
+{{- define "gpulens.componentName" -}}
+{{- printf "%s-%s" (include "gpulens.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpulens.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels; call with (dict "root" $ "component" "agent"). */}}
+{{- define "gpulens.labels" -}}
+helm.sh/chart: {{ include "gpulens.chart" .root }}
+{{ include "gpulens.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: gpulens
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels: immutable, so only name, instance and component. */}}
+{{- define "gpulens.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpulens.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpulens.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "gpulens.tokensSecret" -}}
+{{- default (include "gpulens.componentName" (dict "root" . "component" "tokens")) .Values.tokens.existingSecret }}
+{{- end }}
+
+{{- define "gpulens.coordinatorClusterRole" -}}
+{{- include "gpulens.componentName" (dict "root" . "component" "coordinator") }}
+{{- end }}
+
+{{/* Pod-level security for components that need no privileges at all. */}}
+{{- define "gpulens.restrictedPodSecurity" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "gpulens.restrictedContainerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end }}
+
+{{- define "gpulens.tokensVolume" -}}
+- name: tokens
+  secret:
+    secretName: {{ include "gpulens.tokensSecret" . }}
+    defaultMode: 0440
+{{- end }}
