@@ -1,0 +1,86 @@
+"""Which workload a host process belongs to: Kubernetes pod, registration record, or local.
+
+Order: the cgroup names a pod UID that this node's pod index knows -> that pod (and the container
+whose ID the cgroup names); else a registration record written by the process (embedded mode, no
+Kubernetes) -> its namespace/pod/container; else namespace "local" and the process name as pod.
+While a cgroup names a pod the index has not seen yet (watch lag), the answer is "not yet"
+(None) so that labels are not pinned to a fallback that is about to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cgroups import parse_cgroup
+from .kube import PodIndex
+from .procfs import ProcFS
+from .registrations import RegistrationIndex
+
+__all__ = ["Workload", "Attributor", "local_workload"]
+
+
+@dataclass(frozen=True, order=True)
+class Workload:
+    namespace: str
+    pod: str
+    container: str
+    source: str = "local"      # kubernetes | registration | local
+
+
+def local_workload(process_name: str | None) -> Workload:
+    return Workload("local", process_name or "unknown", "", "local")
+
+
+class Attributor:
+    def __init__(self, proc: ProcFS, *, pods: PodIndex | None = None,
+                 registrations: RegistrationIndex | None = None, cache_size: int = 65536):
+        self._proc = proc
+        self.pods = pods
+        self.registrations = registrations
+        self._cache: dict[tuple[int, int], Workload] = {}
+        self._cache_size = cache_size
+
+    def attribute(self, pid: int) -> Workload | None:
+        """The workload of a live process, or None while it cannot be settled yet (or it is gone)."""
+        start = self._proc.start_ticks(pid)
+        if start is None:
+            return None
+        cached = self._cache.get((pid, start))
+        if cached is not None:
+            return cached
+        text = self._proc.cgroup(pid)
+        if text is None:
+            return None
+        ident = parse_cgroup(text)
+        workload: Workload | None = None
+        pending = False
+        if ident.pod_uid and self.pods is not None:
+            info = self.pods.get(ident.pod_uid)
+            if info is not None:
+                container = info.containers.get(ident.container_id or "", "")
+                workload = Workload(info.namespace, info.name, container, "kubernetes")
+            else:
+                pending = True
+        if workload is None and self.registrations is not None:
+            rec = self.registrations.match(pid)
+            if rec is not None:
+                workload = Workload(rec.namespace, rec.pod, rec.container, "registration")
+        if workload is None:
+            if pending:
+                return None
+            comm = self._proc.comm(pid)
+            if comm is None:
+                return None
+            workload = local_workload(comm)
+        if len(self._cache) >= self._cache_size:
+            self._cache.clear()
+        self._cache[(pid, start)] = workload
+        return workload
+
+    def forget(self, pid: int) -> None:
+        for key in [k for k in self._cache if k[0] == pid]:
+            del self._cache[key]
+
+    def prune(self, live_pids: set[int]) -> None:
+        for key in [k for k in self._cache if k[0] not in live_pids]:
+            del self._cache[key]

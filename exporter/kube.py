@@ -1,0 +1,189 @@
+"""This node's pods, by UID, kept current by list + watch on the Kubernetes API.
+
+Only pods scheduled here matter, so the list and the watch carry the field selector
+`spec.nodeName=<node>` (the API server filters; the index checks again, so a server that ignores
+the selector cannot fill it with other nodes' pods). The official client is synchronous; the
+loop runs in one thread and publishes an immutable dict, so readers never lock. Any failure
+(API down, 410 Gone, a broken stream) is recorded and followed by a relist after a backoff.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from gpulens.logs import get_logger
+
+__all__ = ["PodInfo", "PodIndex", "make_api_client", "pod_info"]
+
+log = get_logger("exporter")
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    containers: Mapping[str, str] = field(default_factory=dict)   # container id (hex) -> name
+
+
+def make_api_client(kubeconfig: str | None = None):
+    """An ApiClient from a kubeconfig file, else the in-cluster service account."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        config.load_incluster_config()
+        cfg = client.Configuration.get_default_copy()
+    return client.ApiClient(cfg)
+
+
+def _get(obj: Any, attr: str, key: str):
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, attr, None)
+
+
+def pod_info(pod: Any) -> PodInfo | None:
+    """PodInfo from a V1Pod or a raw dict; None if it lacks a uid."""
+    meta, spec, status = _get(pod, "metadata", "metadata"), _get(pod, "spec", "spec"), _get(pod, "status", "status")
+    uid = _get(meta, "uid", "uid")
+    if not uid:
+        return None
+    containers: dict[str, str] = {}
+    for attr, key in (("container_statuses", "containerStatuses"),
+                      ("init_container_statuses", "initContainerStatuses"),
+                      ("ephemeral_container_statuses", "ephemeralContainerStatuses")):
+        for cs in _get(status, attr, key) or []:
+            cid, name = _get(cs, "container_id", "containerID"), _get(cs, "name", "name")
+            if cid and name:
+                containers[str(cid).split("://", 1)[-1]] = str(name)
+    return PodInfo(uid=str(uid), namespace=str(_get(meta, "namespace", "namespace") or ""),
+                   name=str(_get(meta, "name", "name") or ""), node=str(_get(spec, "node_name", "nodeName") or ""),
+                   containers=containers)
+
+
+class PodIndex:
+    def __init__(self, api_client_factory: Callable[[], Any], node: str, *, watch_timeout_s: int = 300,
+                 read_timeout_s: float | None = None, backoff_s: tuple[float, ...] = (1, 2, 5, 10, 30)):
+        self._factory = api_client_factory
+        self.node = node
+        self._watch_timeout = watch_timeout_s
+        self._read_timeout = read_timeout_s if read_timeout_s is not None else watch_timeout_s + 30
+        self._backoff = backoff_s
+        self._pods: Mapping[str, PodInfo] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.synced = threading.Event()     # set after the first successful list
+        self.last_error: str | None = None
+        self.errors = 0
+        self.lists = 0
+        self.events = 0
+
+    def get(self, uid: str) -> PodInfo | None:
+        return self._pods.get(uid)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpulens-pod-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _selector(self) -> str:
+        return f"spec.nodeName={self.node}"
+
+    def _run(self) -> None:
+        from kubernetes import client, watch
+        from kubernetes.client.exceptions import ApiException
+
+        failures = 0
+        api_client = None
+        while not self._stop.is_set():
+            try:
+                if api_client is None:
+                    api_client = self._factory()
+                v1 = client.CoreV1Api(api_client)
+                listing = v1.list_pod_for_all_namespaces(field_selector=self._selector(),
+                                                         _request_timeout=self._read_timeout)
+                pods = {}
+                for pod in listing.items or []:
+                    info = pod_info(pod)
+                    if info and info.node == self.node:
+                        pods[info.uid] = info
+                self._pods = pods
+                self.lists += 1
+                self.synced.set()
+                self.last_error = None
+                failures = 0
+                log.info("pods.listed", node=self.node, pods=len(pods))
+                w = watch.Watch()
+                stream = w.stream(v1.list_pod_for_all_namespaces, field_selector=self._selector(),
+                                  resource_version=listing.metadata.resource_version,
+                                  timeout_seconds=self._watch_timeout, allow_watch_bookmarks=True,
+                                  _request_timeout=self._read_timeout)
+                for event in stream:
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    if not self._apply(event):
+                        w.stop()
+                        break
+            except ApiException as exc:
+                if exc.status == 410:          # our resourceVersion is too old: relist at once
+                    log.info("pods.relist", node=self.node, reason="410 Gone")
+                    continue
+                failures = self._failed(f"Kubernetes API answered {exc.status} {exc.reason}", failures)
+            except Exception as exc:  # connection refused, timeouts, broken streams, bad JSON
+                failures = self._failed(f"{type(exc).__name__}: {exc}", failures)
+        if api_client is not None:
+            try:
+                api_client.close()
+            except Exception:
+                pass
+
+    def _failed(self, message: str, failures: int) -> int:
+        self.errors += 1
+        self.last_error = message
+        delay = self._backoff[min(failures, len(self._backoff) - 1)]
+        log.warning("pods.watch_failed", node=self.node, error=message, retry_in_s=delay)
+        self._stop.wait(delay)
+        return failures + 1
+
+    def _apply(self, event: dict | None) -> bool:
+        """Apply one watch event; False means the watch must be restarted with a fresh list."""
+        if not isinstance(event, dict):      # a line that was not JSON: skip it
+            return True
+        kind = event.get("type")
+        if kind == "ERROR":
+            raw = event.get("raw_object") or {}
+            code = raw.get("code") if isinstance(raw, dict) else None
+            self.last_error = f"watch error {code}: {raw.get('message') if isinstance(raw, dict) else raw}"
+            return False
+        if kind == "BOOKMARK":
+            return True
+        info = pod_info(event.get("object"))
+        if info is None:
+            return True
+        self.events += 1
+        pods = dict(self._pods)
+        if kind == "DELETED" or info.node != self.node:
+            pods.pop(info.uid, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            pods[info.uid] = info
+        self._pods = pods
+        return True

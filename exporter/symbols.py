@@ -1,0 +1,51 @@
+"""Which CUDA driver symbols are probed, and with which BPF handler.
+
+The driver library (libcuda) is the one choke point shared by the runtime, cuBLAS/cuDNN and
+Triton launches (reference: ebpf-gpu-signals.md §0, §1.4). Launches get entry-only probes (they
+can run at 10^5/s); blocking calls get an entry+return pair; copies read `ByteCount`, which is
+argument 3 of every HtoD/DtoH form (64-bit `size_t`, or 32-bit in the legacy unversioned forms).
+Only symbols the library really exports are attached; aliases (two names, one address) are
+attached once so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ProbeSpec", "DRIVER_PROBES", "probe_names"]
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    symbol: str
+    entry: str               # BPF function run at entry
+    ret: str | None = None   # BPF function run at return (blocking calls only)
+
+
+_LAUNCH = ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+           "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"]
+_GRAPH = ["cuGraphLaunch", "cuGraphLaunch_ptsz"]
+_SYNC = ["cuCtxSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuEventSynchronize"]
+
+DRIVER_PROBES: tuple[ProbeSpec, ...] = (
+    *(ProbeSpec(s, "on_launch") for s in _LAUNCH),
+    *(ProbeSpec(s, "on_graph_launch") for s in _GRAPH),
+    *(ProbeSpec(s, "on_block_enter", "on_block_return") for s in _SYNC),
+    ProbeSpec("cuMemcpyHtoD_v2", "on_h2d"),
+    ProbeSpec("cuMemcpyHtoD_v2_ptds", "on_h2d"),
+    ProbeSpec("cuMemcpyHtoDAsync_v2", "on_h2d"),
+    ProbeSpec("cuMemcpyHtoDAsync_v2_ptsz", "on_h2d"),
+    ProbeSpec("cuMemcpyHtoD", "on_h2d_u32"),
+    ProbeSpec("cuMemcpyHtoDAsync", "on_h2d_u32"),
+    ProbeSpec("cuMemcpyDtoHAsync_v2", "on_d2h"),
+    ProbeSpec("cuMemcpyDtoHAsync_v2_ptsz", "on_d2h"),
+    ProbeSpec("cuMemcpyDtoHAsync", "on_d2h_u32"),
+    # Synchronous device-to-host copies block the host: bytes and blocked time.
+    ProbeSpec("cuMemcpyDtoH_v2", "on_d2h_sync_enter", "on_block_return"),
+    ProbeSpec("cuMemcpyDtoH_v2_ptds", "on_d2h_sync_enter", "on_block_return"),
+    ProbeSpec("cuMemcpyDtoH", "on_d2h_u32_sync_enter", "on_block_return"),
+)
+
+
+def probe_names() -> list[str]:
+    return [p.symbol for p in DRIVER_PROBES]
