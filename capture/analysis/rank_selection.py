@@ -34,6 +34,7 @@ class RankEntry:
     artifact: Artifact | None = None
     facts: TraceFacts | None = None
     hta_path: str | None = None
+    placement: tuple[str, str] | None = None  # (node, pod) of an expected rank without an artifact
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def _missing(manifest: Manifest) -> list[RankEntry]:
         f = failures.get(t.target_id)
         out.append(RankEntry(rank=t.rank, target_id=t.target_id, status="missing",
                              reason=f.reason if f else "not_archived",
-                             detail=f.detail if f else "expected, but the manifest has no artifact for it"))
+                             detail=f.detail if f else "expected, but the manifest has no artifact for it",
+                             placement=(t.node, t.pod)))
     for f in manifest.failures:  # failures for targets the expectation list does not name
         if f.target_id not in archived and f.target_id not in seen:
             seen.add(f.target_id)

@@ -28,6 +28,8 @@ def _rank(entry: RankEntry) -> dict[str, Any]:
     a = entry.artifact
     if a is not None:
         out.update(node=a.node, pod=a.pod, pid=a.pid, uri=a.uri, size=a.size, sha256=a.sha256)
+    elif entry.placement is not None:
+        out.update(node=entry.placement[0], pod=entry.placement[1])
     out["trace"] = entry.facts.to_dict() if entry.facts is not None else None
     return out
 

@@ -1,0 +1,135 @@
+"""Fixtures for the analysis tests: capture folders built like the archive layout, real traces.
+
+A capture is laid out exactly as docs/ARCHITECTURE.md "Archive layout" says:
+`<root>/<namespace>/<job>/<attempt>/<capture_id>/traces/<target_id>.json[.gz]` plus `manifest.json`,
+and its manifest is produced by `capture.models.Manifest` (so it is schema-valid by construction).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from capture.models import Artifact, ExpectedTarget, Failure, Manifest
+
+HERE = Path(__file__).resolve().parent
+SHARED_TRACES = HERE.parent.parent.parent / "shared" / "data" / "traces"
+
+
+@dataclass
+class Capture:
+    dir: Path
+    manifest_uri: str
+    manifest: Manifest
+
+    def trace(self, target_id: str) -> Path:
+        return next((self.dir / "traces").glob(f"{target_id}.*"))
+
+    def summary(self) -> dict:
+        return json.loads((self.dir / "analysis" / "summary.json").read_text())
+
+
+@dataclass
+class CaptureBuilder:
+    root: Path
+    capture_id: str = "c-test"
+    job: str = "train"
+    namespace: str = "ns"
+    attempt: int = 0
+    duration_ms: int = 3000
+    artifacts: list[Artifact] = field(default_factory=list)
+    expected: list[ExpectedTarget] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.namespace / self.job / str(self.attempt) / self.capture_id
+
+    def add(self, rank: int, source: Path | bytes, *, target_id: str | None = None, file_name: str | None = None,
+            pod: str = "trainer-0", node: str = "node-a", uri: str | None = None, expect: bool = True) -> "CaptureBuilder":
+        target_id = target_id or f"rank-{rank}"
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        if file_name is None:
+            file_name = target_id + (".json.gz" if isinstance(source, Path) and source.name.endswith(".gz") else ".json")
+        dest = self.dir / "traces" / file_name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        self.artifacts.append(Artifact(target_id=target_id, rank=rank, local_rank=rank % 8, node=node, pod=pod,
+                                       pid=1000 + rank, attempt=self.attempt, uri=uri or dest.as_uri(),
+                                       size=len(data), sha256=hashlib.sha256(data).hexdigest(), trace_id=None))
+        if expect:
+            self.expected.append(ExpectedTarget(target_id, rank, rank % 8, pod, node))
+        return self
+
+    def expect(self, rank: int, *, pod: str = "trainer-1", node: str = "node-b") -> "CaptureBuilder":
+        self.expected.append(ExpectedTarget(f"rank-{rank}", rank, rank % 8, pod, node))
+        return self
+
+    def fail(self, rank: int, reason: str, detail: str) -> "CaptureBuilder":
+        self.failures.append(Failure(f"rank-{rank}", reason, detail, rank))
+        return self
+
+    def write(self) -> Capture:
+        m = Manifest(capture_id=self.capture_id, job_id=self.job, attempt=self.attempt, requested_at=time.time(),
+                     duration_ms=self.duration_ms, expected_targets=self.expected, artifacts=self.artifacts,
+                     failures=self.failures, archive_prefix=self.dir.as_uri(),
+                     request={"reason": {"kind": "manual", "requested_by": "test"}})
+        path = self.dir / "manifest.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(m.to_json())
+        return Capture(self.dir, path.as_uri(), m)
+
+
+@pytest.fixture
+def builder(tmp_path):
+    return lambda **kw: CaptureBuilder(root=tmp_path / "archive", **kw)
+
+
+@pytest.fixture(scope="session")
+def trace_filter() -> list[Path]:
+    """The genuine 2-rank GPU+NCCL set from HTA's test data (ranks 0 and 1 of one 128-rank job)."""
+    d = SHARED_TRACES / "hta_trace_filter_2rank"
+    if not d.is_dir():
+        pytest.skip(f"shared trace data not found at {d}")
+    return [d / "sampled_rank-0.json.gz", d / "sampled_rank-1.json.gz"]
+
+
+@pytest.fixture(scope="session")
+def cpu_only_assembled() -> dict[int, Path]:
+    d = SHARED_TRACES / "hta_cpu_only_2rank_assembled"
+    if not d.is_dir():
+        pytest.skip(f"shared trace data not found at {d}")
+    return {34: d / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 0: d / "rank_non_gpu.json.gz"}
+
+
+@pytest.fixture(scope="session")
+def torch_traces(tmp_path_factory) -> Path:
+    """Real PyTorch CPU traces for ranks 0 and 1 (see torch_traces.py), made once per session."""
+    out = tmp_path_factory.mktemp("torch-traces")
+    procs = [subprocess.Popen([sys.executable, str(HERE / "torch_traces.py"), str(out), str(r)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err.decode()[-2000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+def raw_events(path: Path) -> list[dict]:
+    import gzip
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        return json.load(f)["traceEvents"]
+
