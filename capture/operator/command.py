@@ -1,15 +1,147 @@
-"""CLI entry for this component: `configure(parser)` adds its options, `run(args)` runs it."""
+"""`gpulens operator`: the leader-elected kopf operator, plus the arming webhook and a health endpoint.
+
+Every replica serves `/healthz` (and `/mutate` when TLS files are given, so the webhook stays up
+during a leader change); only the replica holding the Lease reconciles. `--once` runs one resync
+and exits, for debugging a cluster by hand.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import asyncio
+import os
+import signal
+import socket
+
+from gpulens.logs import get_logger
+
+log = get_logger("operator")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="operator config YAML (see docs/kubernetes.md)")
+    parser.add_argument("--listen", default="0.0.0.0:9454", metavar="HOST:PORT",
+                        help="health (and, with --tls-cert/--tls-key, webhook) server (default %(default)s)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve the arming webhook over TLS with this certificate")
+    parser.add_argument("--tls-key", metavar="FILE")
+    parser.add_argument("--no-reconcile", action="store_true", help="serve the webhook only, never reconcile")
+    parser.add_argument("--once", action="store_true", help="run one cluster-wide resync and exit")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
+    parser.add_argument("--identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
+                        help="leader-election identity (default: $POD_NAME or the host name)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def _api_client(kubeconfig: str | None):
+    from kubernetes import client, config
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=kubeconfig)
+    return client.ApiClient()
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen must be HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from aiohttp import web
+
+    from .config import load_config
+    from .webhook import make_app, tls_context
+
+    cfg = load_config(args.config)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    host, port = _host_port(args.listen)
+    app = make_app(cfg.arming if args.tls_cert else None, cfg.hook_image)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    ssl_ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    await web.TCPSite(runner, host, port, ssl_context=ssl_ctx).start()
+    log.info("server.listening", listen=args.listen, webhook=bool(ssl_ctx))
+    try:
+        if args.no_reconcile:
+            await stop.wait()
+            return 0
+        return await lead_and_reconcile(args, cfg, stop)
+    finally:
+        await runner.cleanup()
+
+
+async def lead_and_reconcile(args: argparse.Namespace, cfg, stop: asyncio.Event) -> int:
+    import kopf
+
+    from .handlers import build_registry
+    from .kube import KubeApi, KubeError
+    from .leadership import LeaseElector
+    from .reconcile import Reconciler
+
+    api_client = _api_client(args.kubeconfig)
+    reconciler = Reconciler(KubeApi(api_client), cfg)
+    le = cfg.leader_election
+    elector = LeaseElector(api_client, cfg.namespace, le.lease_name, args.identity,
+                           le.lease_duration_s, le.renew_period_s) if le.enabled else None
+    if elector is not None and not await elector.acquire(stop):
+        return 0
+    lost = asyncio.Event()
+    tasks = []
+
+    async def resync_forever() -> None:
+        while not stop.is_set():
+            try:
+                plans = await asyncio.to_thread(reconciler.resync)
+                log.debug("resync.done", jobs=len(plans))
+            except KubeError as exc:
+                log.warning("resync.failed", reason=str(exc))
+            try:
+                await asyncio.wait_for(stop.wait(), cfg.resync_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    if elector is not None:
+        tasks.append(asyncio.create_task(elector.keep(stop, lost)))
+    tasks.append(asyncio.create_task(resync_forever()))
+    try:
+        await kopf.operator(registry=build_registry(reconciler), clusterwide=True, standalone=True,
+                            stop_flag=stop, memo=None)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if elector is not None and not lost.is_set():
+            await asyncio.to_thread(elector.release)
+    return 1 if lost.is_set() else 0
+
+
 def run(args: argparse.Namespace) -> int:
-    print(f"{sys.argv[0]}: this component is not built yet", file=sys.stderr)
-    return 1
+    if args.once:
+        from .config import load_config
+        from .kube import KubeApi, KubeError
+        from .reconcile import Reconciler
+        try:
+            plans = Reconciler(KubeApi(_api_client(args.kubeconfig)), load_config(args.config)).resync()
+        except KubeError as exc:
+            log.error("resync.failed", reason=str(exc))
+            return 1
+        for p in plans:
+            print(f"{p.key[0]}/{p.key[1]}: keep={p.keep or '-'} create={'yes' if p.create else 'no'} "
+                  f"delete={','.join(p.delete) or '-'} ({p.reason})")
+        return 0
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        return await serve(args, stop)
+
+    from .config import ConfigError
+    try:
+        return asyncio.run(main())
+    except (ConfigError, ValueError, OSError) as exc:
+        log.error("operator.failed", reason=str(exc))
+        return 2

@@ -1,0 +1,57 @@
+"""kopf wiring: thin handlers that only route events to the Reconciler.
+
+Only event watchers are used: they keep no state in annotations and put no finalizers on anyone's
+objects, so the operator never writes to trainer pods and an operator that is gone blocks no
+deletion. A missed or failed event costs nothing because the periodic resync redoes the same work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from . import labels as L
+from .jobs import job_of_pod
+from .reconcile import Reconciler
+
+__all__ = ["build_registry"]
+
+
+def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | None = None) -> kopf.OperatorRegistry:
+    """A fresh registry (never kopf's global one) with our handlers bound to `reconciler`."""
+    registry = kopf.OperatorRegistry()
+
+    if connection is not None:
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return connection
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False                  # no Events: keeps RBAC minimal
+        settings.watching.server_timeout = 300            # re-list every few minutes
+        settings.watching.client_timeout = 330
+        settings.networking.error_backoffs = [1, 2, 5, 10]
+
+    @kopf.on.event("v1", "pods", labels={L.ARMED: "true"}, registry=registry)
+    def armed_pod_changed(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        job = job_of_pod(body, namespace)
+        if job is not None:
+            reconciler.reconcile_job(job.namespace, job.job_id)
+
+    @kopf.on.event("v1", "pods", labels={L.MANAGED_BY: L.MANAGER, L.COMPONENT: "coordinator"}, registry=registry)
+    def coordinator_pod_changed(type: str | None, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        if type == "DELETED":
+            cc_name = (body.get("metadata") or {}).get("labels", {}).get(L.COORDINATOR_OF)
+            cc = reconciler.api.get_coordinator(namespace or "", cc_name) if cc_name else None
+            if cc is not None and not cc["metadata"].get("deletionTimestamp"):
+                reconciler.ensure_children(cc)            # a lost coordinator Pod comes back
+        reconciler.status_for_pod(dict(body))
+
+    @kopf.on.event(L.GROUP, L.VERSION, L.PLURAL, registry=registry)
+    def coordinator_changed(type: str | None, body: kopf.Body, **_: Any) -> None:
+        if type in (None, "ADDED") and not body.get("metadata", {}).get("deletionTimestamp"):
+            reconciler.ensure_children(dict(body))
+
+    return registry

@@ -1,0 +1,232 @@
+"""A Kubernetes API server for tests: kmock's KubernetesEmulator plus the server-side behaviour
+the operator relies on. It stands for kube-apiserver (plus its garbage collector) as seen through
+the REST API; everything is served over real HTTP on 127.0.0.1 to the real `kubernetes` client
+and to kopf.
+
+What it adds to kmock 0.8, each as the real API server does it:
+- on create: `metadata.uid`, `resourceVersion`, `creationTimestamp`, `generation`, and the
+  namespace from the URL (kmock stores the body as sent);
+- every write bumps `resourceVersion`; `PUT` replaces an object and answers 409 Conflict when the
+  body's resourceVersion is stale (optimistic concurrency, which Lease elections depend on);
+- `labelSelector` on list and watch (equality, inequality, existence);
+- background cascading deletion: deleting an object deletes the objects whose ownerReferences
+  name its uid, recursively (the garbage collector, with no delay); `propagationPolicy: Orphan`
+  instead removes those owner references and keeps the dependents;
+- a log of every request (method, path, query) for assertions.
+
+It runs in its own thread and event loop, so synchronous code (the kubernetes client, kopf in
+another thread) can use it from the test's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+import json
+import threading
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import apps, enums, rendering
+
+CORE = {"pods": "Pod", "services": "Service", "serviceaccounts": "ServiceAccount", "secrets": "Secret",
+        "namespaces": "Namespace"}
+RESOURCES = {
+    **{f"v1/{plural}": (kind, plural != "namespaces") for plural, kind in CORE.items()},
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True),
+    "coordination.k8s.io/v1/leases": ("Lease", True),
+    "batch/v1/jobs": ("Job", True),
+    "jobset.x-k8s.io/v1alpha2/jobsets": ("JobSet", True),
+    "kubeflow.org/v1/pytorchjobs": ("PyTorchJob", True),
+    "gpulens.dev/v1alpha1/capturecoordinators": ("CaptureCoordinator", True),
+}
+
+
+def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                                      "code": code, "reason": reason, "message": message}, status=code)
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    log: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)
+    agents: list[str] = attrs.field(factory=list, init=False)      # User-Agent of each logged request
+    _rv: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for key, (kind, namespaced) in RESOURCES.items():
+            self.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, subresources={"status"},
+                                                     verbs={"get", "list", "watch", "create", "update", "patch",
+                                                            "delete"})
+
+    def _key(self, request: rendering.Request) -> tuple:
+        return (request.resource, request.namespace, request.name)
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        self.log.append((str(request.method.value).upper(), request.url.path, request.url.query_string))
+        self.agents.append(request.headers.get("User-Agent", ""))
+        if request.resource is None:
+            return await super()._handle(request)
+        if str(request.method.value).upper() == "PUT" and request.name:
+            return await self._replace(request)
+        rv = str(next(self._rv))
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("namespace", request.namespace) if request.namespace else None
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=rv, generation=1,
+                        creationTimestamp=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        elif request.action == enums.action.UPDATE and isinstance(request.data, dict):
+            request.data.setdefault("metadata", {})["resourceVersion"] = rv
+        owner_uid = None
+        if request.action == enums.action.DELETE and request.name:
+            async with self._lock:
+                key = self._key(request)
+                obj = self._objects[key] if key in self._objects else None
+                if obj is not None and not obj.deleted:
+                    owner_uid = obj.raw.get("metadata", {}).get("uid")
+        orphan = isinstance(request.data, dict) and request.data.get("propagationPolicy") == "Orphan" or \
+            request.params.get("propagationPolicy") == "Orphan"
+        response = await super()._handle(request)
+        if owner_uid and response.status < 300:
+            await (self._orphan(owner_uid) if orphan else self._collect_garbage({owner_uid}))
+        return response
+
+    async def _orphan(self, owner_uid: str) -> None:
+        async with self._lock:
+            for (resource, _ns, _name), obj in list(self._objects.items()):
+                if obj.deleted:
+                    continue
+                refs = obj.raw.get("metadata", {}).get("ownerReferences") or []
+                if any(r.get("uid") == owner_uid for r in refs):
+                    obj.patch({"metadata": {"ownerReferences": [r for r in refs if r.get("uid") != owner_uid]}})
+                    await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
+
+    async def _replace(self, request: rendering.Request) -> aiohttp.web.Response:
+        body = request.data if isinstance(request.data, dict) else {}
+        async with self._lock:
+            key = self._key(request)
+            if key not in self._objects or self._objects[key].deleted:
+                return _status(404, "NotFound", f"{request.name} not found")
+            current = self._objects[key].raw
+            want_rv = (body.get("metadata") or {}).get("resourceVersion")
+            if want_rv and want_rv != current["metadata"].get("resourceVersion"):
+                return _status(409, "Conflict", "the object has been modified; please apply your changes "
+                                                "to the latest version and try again")
+            new = json.loads(json.dumps(body))
+            meta = new.setdefault("metadata", {})
+            for k in ("uid", "creationTimestamp", "namespace", "name", "generation"):
+                if k in current["metadata"]:
+                    meta[k] = current["metadata"][k]
+            meta["resourceVersion"] = str(next(self._rv))
+            self._objects[key].create(new)
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
+        return aiohttp.web.json_response(new)
+
+    async def _collect_garbage(self, gone: set[str]) -> None:
+        while gone:
+            following: set[str] = set()
+            async with self._lock:
+                for (resource, _ns, _name), obj in list(self._objects.items()):
+                    if obj.deleted:
+                        continue
+                    raw = obj.raw
+                    refs = {r.get("uid") for r in raw.get("metadata", {}).get("ownerReferences") or []}
+                    if refs & gone:
+                        obj.delete()
+                        await self._buses[resource].put({"type": "DELETED", "object": raw})
+                        following.add(raw.get("metadata", {}).get("uid"))
+            gone = {u for u in following if u}
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        out = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector:
+            out["items"] = [o for o in out["items"]
+                            if _selector_matches(selector, (o.get("metadata") or {}).get("labels") or {})]
+        return out
+
+    async def _serve_watch(self, request: rendering.Request):
+        selector = request.params.get("labelSelector")
+        async for event in super()._serve_watch(request):
+            if selector and isinstance(event, dict):
+                labels = ((event.get("object") or {}).get("metadata") or {}).get("labels") or {}
+                if not _selector_matches(selector, labels):
+                    continue
+            yield event
+
+
+@dataclass
+class Running:
+    """A started ApiServer: its URL, and thread-safe helpers for the test thread."""
+    server: ApiServer
+    url: str
+    loop: asyncio.AbstractEventLoop
+    _stop: Any = field(repr=False, default=None)
+
+    def call(self, coro_fn, *args):
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop).result(timeout=30)
+
+    def requests(self) -> list[tuple[str, str, str]]:
+        return list(self.server.log)
+
+    def requests_by(self, user_agent: str) -> list[tuple[str, str, str]]:
+        return [r for r, ua in zip(list(self.server.log), list(self.server.agents)) if ua == user_agent]
+
+    def writes(self) -> list[tuple[str, str, str]]:
+        return [r for r in self.server.log if r[0] in ("POST", "PUT", "PATCH", "DELETE")]
+
+    def api_client(self):
+        from kubernetes import client
+        cfg = client.Configuration()
+        cfg.host = self.url
+        return client.ApiClient(cfg)
+
+
+@contextmanager
+def running_apiserver() -> Iterator[Running]:
+    """Start an ApiServer on 127.0.0.1 (free port) in a thread; stop it and its loop afterwards."""
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        async with ApiServer() as server, apps.Server(server, host="127.0.0.1") as srv:
+            box.update(server=server, url=str(srv.url).rstrip("/"), loop=asyncio.get_running_loop(), stop=stop)
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), name="apiserver", daemon=True)
+    thread.start()
+    if not ready.wait(30):
+        raise RuntimeError("the test API server did not start")
+    running = Running(box["server"], box["url"], box["loop"], box["stop"])
+    try:
+        yield running
+    finally:
+        running.loop.call_soon_threadsafe(box["stop"].set)
+        thread.join(30)
