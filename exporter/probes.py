@@ -1,10 +1,14 @@
 """The eBPF side: compile the counters program, attach it to driver library files, read its maps.
 
 bcc is imported only here and only when probes are built, so the exporter runs (and says why
-the eBPF source is off) on a machine without bcc, kernel headers or privileges. Attachments are
-managed here rather than through bcc's `attach_uprobe`, so one library file can be detached when
-its last user unmaps it, and so detaching does not need tracefs (perf-PMU uprobes only need their
-file descriptor closed).
+the eBPF source is off) on a machine without bcc, kernel headers or privileges.
+
+Attachments are made here rather than through bcc's `attach_uprobe`. On kernels with multi-uprobe
+links (6.6+) a library gets two links: every entry probe on one program (`on_entry`, the probe
+kind in the attach cookie) and every return probe on another. Removing a uprobe waits for an RCU
+grace period, so detaching 31 single perf-event uprobes takes seconds, two links a fraction of a
+second; that matters because detaching happens when a job's last process exits. Older kernels
+get one perf-event uprobe per probe (closing the fd detaches it; tracefs is not needed).
 """
 
 from __future__ import annotations
@@ -24,6 +28,38 @@ __all__ = ["ProbeUnavailable", "ProcessKey", "ProcessCounters", "MapUsage", "Att
 
 PROGRAM_PATH = Path(__file__).parent / "bpf" / "counters.c"
 _BPF_PROBE_ENTRY, _BPF_PROBE_RETURN = 0, 1
+_BPF_TRACE_UPROBE_MULTI = 48          # enum bpf_attach_type
+_BPF_LINK_CREATE = 28                 # enum bpf_cmd
+_BPF_F_UPROBE_MULTI_RETURN = 1
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine)
+
+
+class _LinkCreateUprobeMulti(ctypes.Structure):
+    """union bpf_attr, link_create flavour with the uprobe_multi member (uapi/linux/bpf.h)."""
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("target_fd", ctypes.c_uint32), ("attach_type", ctypes.c_uint32),
+                ("flags", ctypes.c_uint32), ("path", ctypes.c_uint64), ("offsets", ctypes.c_uint64),
+                ("ref_ctr_offsets", ctypes.c_uint64), ("cookies", ctypes.c_uint64), ("cnt", ctypes.c_uint32),
+                ("multi_flags", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("_pad", ctypes.c_uint8 * 84)]
+
+
+def _link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int], ret: bool) -> int:
+    """One BPF link placing `prog_fd` at every offset of `path`; raises OSError."""
+    if _SYS_BPF is None:
+        raise OSError(38, "bpf() syscall number unknown on this architecture")
+    libc = ctypes.CDLL(None, use_errno=True)
+    cpath = ctypes.create_string_buffer(path.encode())
+    offs = (ctypes.c_uint64 * len(offsets))(*offsets)
+    cks = (ctypes.c_uint64 * len(cookies))(*cookies)
+    attr = _LinkCreateUprobeMulti(prog_fd=prog_fd, attach_type=_BPF_TRACE_UPROBE_MULTI,
+                                  path=ctypes.addressof(cpath), offsets=ctypes.addressof(offs),
+                                  cookies=ctypes.addressof(cks), cnt=len(offsets),
+                                  multi_flags=_BPF_F_UPROBE_MULTI_RETURN if ret else 0)
+    fd = libc.syscall(ctypes.c_long(_SYS_BPF), ctypes.c_long(_BPF_LINK_CREATE), ctypes.byref(attr),
+                      ctypes.c_uint(ctypes.sizeof(attr)))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
 _LEGACY_UPROBE_EVENTS = ("/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events")
 
 
@@ -70,7 +106,9 @@ class AttachResult:
 @dataclass
 class _Attachment:
     path: str
-    fds: list[tuple[int, bytes]]       # (perf fd, event name)
+    probes: int = 0                                          # (symbol, entry|return) pairs placed
+    links: list[int] = field(default_factory=list)           # multi-uprobe link fds
+    fds: list[tuple[int, bytes]] = field(default_factory=list)   # per-probe perf fds, event names
 
 
 class DriverProbes:
@@ -103,23 +141,29 @@ class DriverProbes:
         self._BPF, self._lib = BPF, lib
         self.capacity = {"procs": int(max_processes), "inflight": int(max_inflight)}
         self._attachments: dict[tuple[int, int], _Attachment] = {}
-        self._funcs: dict[str, int] = {}
+        self._funcs: dict[tuple[str, int], int] = {}
         self._closed = False
+        #: whether multi-uprobe links work here (None: not tried yet)
+        self.multi_links: bool | None = None
 
     # ---- attachments -------------------------------------------------------------------------
 
     @property
     def probes_attached(self) -> int:
-        return sum(len(a.fds) for a in self._attachments.values())
+        return sum(a.probes for a in self._attachments.values())
 
     @property
     def libraries(self) -> set[tuple[int, int]]:
         return set(self._attachments)
 
-    def _func_fd(self, name: str) -> int:
-        if name not in self._funcs:
-            self._funcs[name] = self._bpf.load_func(name.encode(), self._BPF.KPROBE).fd
-        return self._funcs[name]
+    def attachment_paths(self) -> dict[tuple[int, int], str]:
+        return {k: a.path for k, a in self._attachments.items()}
+
+    def _func_fd(self, name: str, attach_type: int = -1) -> int:
+        if (name, attach_type) not in self._funcs:
+            fn = self._bpf.load_func(name.encode(), self._BPF.KPROBE, None, attach_type)
+            self._funcs[(name, attach_type)] = fn.fd
+        return self._funcs[(name, attach_type)]
 
     def attach(self, key: tuple[int, int], path: str, probes: tuple[ProbeSpec, ...] = DRIVER_PROBES) -> AttachResult:
         """Attach every probe whose symbol `path` exports; idempotent per library key (dev, inode)."""
@@ -134,42 +178,78 @@ class DriverProbes:
         if not offsets:
             result.errors.append(f"{path}: exports none of the driver symbols")
             return result
-        attachment = _Attachment(path=path, fds=[])
+        chosen: list[tuple[ProbeSpec, int]] = []
         seen_offsets: set[int] = set()
         for spec in probes:
             offset = offsets.get(spec.symbol)
-            if offset is None or offset in seen_offsets:
-                continue
-            seen_offsets.add(offset)
+            if offset is not None and offset not in seen_offsets:   # aliases: one probe per address
+                seen_offsets.add(offset)
+                chosen.append((spec, offset))
+        attachment = _Attachment(path=path)
+        if self.multi_links is not False and self._attach_links(attachment, chosen, result):
+            self.multi_links = True
+        else:
+            self._attach_perf(attachment, key, chosen, result)
+        if attachment.links or attachment.fds:
+            self._attachments[key] = attachment
+        return result
+
+    def _attach_links(self, attachment: _Attachment, chosen, result: AttachResult) -> bool:
+        entries = [(offset, spec.kind) for spec, offset in chosen]
+        returns = [offset for spec, offset in chosen if spec.ret]
+        try:
+            attachment.links.append(_link_uprobe_multi(
+                self._func_fd("on_entry", _BPF_TRACE_UPROBE_MULTI), attachment.path,
+                [o for o, _k in entries], [k for _o, k in entries], ret=False))
+            if returns:
+                attachment.links.append(_link_uprobe_multi(
+                    self._func_fd("on_block_return", _BPF_TRACE_UPROBE_MULTI), attachment.path,
+                    returns, [0] * len(returns), ret=True))
+        except Exception as exc:
+            for fd in attachment.links:
+                os.close(fd)
+            attachment.links.clear()
+            if self.multi_links is None:   # first try on this kernel: fall back for good
+                self.multi_links = False
+                return False
+            result.errors.append(f"{attachment.path}: multi-uprobe link failed: {exc}")
+            return True
+        attachment.probes = len(entries) + len(returns)
+        result.attached = attachment.probes
+        return True
+
+    def _attach_perf(self, attachment: _Attachment, key, chosen, result: AttachResult) -> None:
+        for spec, offset in chosen:
             for func, kind, tag in ((spec.entry, _BPF_PROBE_ENTRY, "p"), (spec.ret, _BPF_PROBE_RETURN, "r")):
                 if func is None:
                     continue
                 event = f"{tag}_gpulens_{os.getpid()}_{key[0]:x}_{key[1]:x}_{offset:x}".encode()
                 try:
-                    fd = self._lib.bpf_attach_uprobe(self._func_fd(func), kind, event, path.encode(), offset, -1)
+                    fd = self._lib.bpf_attach_uprobe(self._func_fd(func), kind, event, attachment.path.encode(),
+                                                     offset, -1)
                 except Exception as exc:  # load_func failures
                     fd, err = -1, str(exc)
                 else:
                     err = os.strerror(ctypes.get_errno()) if fd < 0 else ""
                 if fd < 0:
-                    result.errors.append(f"{path}:{spec.symbol}: attach failed {err}".strip())
+                    result.errors.append(f"{attachment.path}:{spec.symbol}: attach failed {err}".strip())
                     continue
                 attachment.fds.append((fd, event))
+                attachment.probes += 1
                 result.attached += 1
-        if attachment.fds:
-            self._attachments[key] = attachment
-        return result
 
     def detach(self, key: tuple[int, int]) -> int:
         attachment = self._attachments.pop(key, None)
         if attachment is None:
             return 0
+        for fd in attachment.links:
+            os.close(fd)
         legacy = any(os.path.exists(p) for p in _LEGACY_UPROBE_EVENTS)
         for fd, event in attachment.fds:
             self._lib.bpf_close_perf_event_fd(fd)
             if legacy:
                 self._lib.bpf_detach_uprobe(event)   # only probes made through tracefs need this
-        return len(attachment.fds)
+        return attachment.probes
 
     # ---- maps --------------------------------------------------------------------------------
 
@@ -184,11 +264,11 @@ class DriverProbes:
         """Counters of every process in the map; open blocking calls count up to now (monotonic)."""
         now = time.monotonic_ns()
         open_ns: dict[ProcessKey, int] = {}
-        for _tid, call in self._items(self._bpf["inflight"]):
+        for _tid, call in self._items(self._bpf[b"inflight"]):
             key = ProcessKey(call.proc.tgid, call.proc.start_ns)
             open_ns[key] = open_ns.get(key, 0) + max(0, now - call.start_ns)
         out = []
-        for k, v in self._items(self._bpf["procs"]):
+        for k, v in self._items(self._bpf[b"procs"]):
             key = ProcessKey(k.tgid, k.start_ns)
             out.append(ProcessCounters(
                 key=key, comm=bytes(v.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
@@ -199,7 +279,7 @@ class DriverProbes:
 
     def read_one(self, key: ProcessKey) -> ProcessCounters | None:
         """One process's entry (without open-call time): the final read of an exited process."""
-        table = self._bpf["procs"]
+        table = self._bpf[b"procs"]
         try:
             v = table[table.Key(key.tgid, 0, key.start_ns)]
         except KeyError:
@@ -212,7 +292,7 @@ class DriverProbes:
 
     def forget(self, keys: list[ProcessKey]) -> None:
         """Delete the entries of processes that have exited (after their counts were kept)."""
-        table = self._bpf["procs"]
+        table = self._bpf[b"procs"]
         for key in keys:
             k = table.Key(key.tgid, 0, key.start_ns)
             try:
@@ -222,7 +302,7 @@ class DriverProbes:
 
     def prune_inflight(self, alive_thread) -> int:
         """Drop open-call entries of threads that no longer exist (killed while blocked)."""
-        table = self._bpf["inflight"]
+        table = self._bpf[b"inflight"]
         dead = []
         for k, _v in self._items(table):
             tid_tgid = int(getattr(k, "value", k))
@@ -236,11 +316,11 @@ class DriverProbes:
         return len(dead)
 
     def map_usage(self) -> list[MapUsage]:
-        failures = self._bpf["failures"]
+        failures = self._bpf[b"failures"]
         fail = [failures[ctypes.c_int(i)].value for i in range(2)]
         return [
-            MapUsage("procs", len(self._items(self._bpf["procs"])), self.capacity["procs"], fail[0]),
-            MapUsage("inflight", len(self._items(self._bpf["inflight"])), self.capacity["inflight"], fail[1]),
+            MapUsage("procs", len(self._items(self._bpf[b"procs"])), self.capacity["procs"], fail[0]),
+            MapUsage("inflight", len(self._items(self._bpf[b"inflight"])), self.capacity["inflight"], fail[1]),
         ]
 
     def close(self) -> None:

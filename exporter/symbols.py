@@ -12,14 +12,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ProbeSpec", "DRIVER_PROBES", "probe_names"]
+__all__ = ["ProbeSpec", "DRIVER_PROBES", "probe_names", "KIND_OF_ENTRY"]
+
+#: entry handler -> probe kind, the attach cookie read by `on_entry` (K_* in bpf/counters.c)
+KIND_OF_ENTRY = {"on_launch": 0, "on_graph_launch": 1, "on_block_enter": 2, "on_h2d": 3, "on_h2d_u32": 4,
+                 "on_d2h": 5, "on_d2h_u32": 6, "on_d2h_sync_enter": 7, "on_d2h_u32_sync_enter": 8}
 
 
 @dataclass(frozen=True)
 class ProbeSpec:
     symbol: str
-    entry: str               # BPF function run at entry
+    entry: str               # BPF function run at entry (per-probe attachment; its kind otherwise)
     ret: str | None = None   # BPF function run at return (blocking calls only)
+
+    @property
+    def kind(self) -> int:
+        return KIND_OF_ENTRY[self.entry]
 
 
 _LAUNCH = ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",

@@ -123,38 +123,77 @@ static __always_inline void block_enter(void) {
         count_failure(1);
 }
 
-#ifdef EMPTY_PROBES
-int on_launch(struct pt_regs *ctx) { return 0; }
-int on_graph_launch(struct pt_regs *ctx) { return 0; }
-int on_block_enter(struct pt_regs *ctx) { return 0; }
-int on_block_return(struct pt_regs *ctx) { return 0; }
-int on_h2d(struct pt_regs *ctx) { return 0; }
-int on_h2d_u32(struct pt_regs *ctx) { return 0; }
-int on_d2h(struct pt_regs *ctx) { return 0; }
-int on_d2h_u32(struct pt_regs *ctx) { return 0; }
-int on_d2h_sync_enter(struct pt_regs *ctx) { return 0; }
-int on_d2h_u32_sync_enter(struct pt_regs *ctx) { return 0; }
-#else
-int on_launch(struct pt_regs *ctx) {
-    struct proc_stats *s = current_stats();
-    if (s)
-        __sync_fetch_and_add(&s->launches, 1);
+/* Probe kinds; the attach cookie of a multi-uprobe link carries one (exporter/symbols.py). */
+#define K_LAUNCH 0
+#define K_GRAPH 1
+#define K_BLOCK 2
+#define K_H2D 3
+#define K_H2D_U32 4
+#define K_D2H 5
+#define K_D2H_U32 6
+#define K_D2H_SYNC 7
+#define K_D2H_U32_SYNC 8
+
+static __always_inline int handle_entry(struct pt_regs *ctx, u64 kind) {
+#ifndef EMPTY_PROBES
+    struct proc_stats *s;
+    switch (kind) {
+    case K_LAUNCH:
+        s = current_stats();
+        if (s)
+            __sync_fetch_and_add(&s->launches, 1);
+        break;
+    case K_GRAPH:
+        s = current_stats();
+        if (s)
+            __sync_fetch_and_add(&s->graph_launches, 1);
+        break;
+    case K_BLOCK:
+        block_enter();
+        break;
+    case K_H2D:
+        add_copy((u64)PT_REGS_PARM3(ctx), 0);
+        break;
+    case K_H2D_U32:
+        add_copy((u64)(u32)PT_REGS_PARM3(ctx), 0);
+        break;
+    case K_D2H:
+        add_copy((u64)PT_REGS_PARM3(ctx), 1);
+        break;
+    case K_D2H_U32:
+        add_copy((u64)(u32)PT_REGS_PARM3(ctx), 1);
+        break;
+    case K_D2H_SYNC:
+        add_copy((u64)PT_REGS_PARM3(ctx), 1);
+        block_enter();
+        break;
+    case K_D2H_U32_SYNC:
+        add_copy((u64)(u32)PT_REGS_PARM3(ctx), 1);
+        block_enter();
+        break;
+    }
+#endif
     return 0;
 }
 
-int on_graph_launch(struct pt_regs *ctx) {
-    struct proc_stats *s = current_stats();
-    if (s)
-        __sync_fetch_and_add(&s->graph_launches, 1);
-    return 0;
+/* Multi-uprobe links (kernel >= 6.6): one program for every entry probe, kind in the cookie. */
+int on_entry(struct pt_regs *ctx) {
+    return handle_entry(ctx, bpf_get_attach_cookie(ctx));
 }
 
-int on_block_enter(struct pt_regs *ctx) {
-    block_enter();
-    return 0;
-}
+/* Per-probe perf attachments (older kernels): one program per kind. */
+int on_launch(struct pt_regs *ctx) { return handle_entry(ctx, K_LAUNCH); }
+int on_graph_launch(struct pt_regs *ctx) { return handle_entry(ctx, K_GRAPH); }
+int on_block_enter(struct pt_regs *ctx) { return handle_entry(ctx, K_BLOCK); }
+int on_h2d(struct pt_regs *ctx) { return handle_entry(ctx, K_H2D); }
+int on_h2d_u32(struct pt_regs *ctx) { return handle_entry(ctx, K_H2D_U32); }
+int on_d2h(struct pt_regs *ctx) { return handle_entry(ctx, K_D2H); }
+int on_d2h_u32(struct pt_regs *ctx) { return handle_entry(ctx, K_D2H_U32); }
+int on_d2h_sync_enter(struct pt_regs *ctx) { return handle_entry(ctx, K_D2H_SYNC); }
+int on_d2h_u32_sync_enter(struct pt_regs *ctx) { return handle_entry(ctx, K_D2H_U32_SYNC); }
 
 int on_block_return(struct pt_regs *ctx) {
+#ifndef EMPTY_PROBES
     u64 id = bpf_get_current_pid_tgid();
     struct inflight_call *f = inflight.lookup(&id);
     if (!f)
@@ -171,38 +210,6 @@ int on_block_return(struct pt_regs *ctx) {
         __sync_fetch_and_add(&s->sync_calls, 1);
         __sync_fetch_and_add(&s->sync_ns, elapsed);
     }
-    return 0;
-}
-
-int on_h2d(struct pt_regs *ctx) {
-    add_copy((u64)PT_REGS_PARM3(ctx), 0);
-    return 0;
-}
-
-int on_h2d_u32(struct pt_regs *ctx) {
-    add_copy((u64)(u32)PT_REGS_PARM3(ctx), 0);
-    return 0;
-}
-
-int on_d2h(struct pt_regs *ctx) {
-    add_copy((u64)PT_REGS_PARM3(ctx), 1);
-    return 0;
-}
-
-int on_d2h_u32(struct pt_regs *ctx) {
-    add_copy((u64)(u32)PT_REGS_PARM3(ctx), 1);
-    return 0;
-}
-
-int on_d2h_sync_enter(struct pt_regs *ctx) {
-    add_copy((u64)PT_REGS_PARM3(ctx), 1);
-    block_enter();
-    return 0;
-}
-
-int on_d2h_u32_sync_enter(struct pt_regs *ctx) {
-    add_copy((u64)(u32)PT_REGS_PARM3(ctx), 1);
-    block_enter();
-    return 0;
-}
 #endif
+    return 0;
+}

@@ -352,13 +352,6 @@ int main(int argc, char **argv) {
     CHECK(D.cuStreamCreate(&stream, 0), "cuStreamCreate");
     CHECK(D.cuEventCreate(&event, 0), "cuEventCreate");
     CHECK(D.cuMemAlloc_v2(&dbuf, 1 << 20), "cuMemAlloc_v2");
-    if (O.graphs > 0) {
-        H g;
-        CHECK(D.cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture_v2");
-        for (long i = 0; i < O.graph_kernels; i++) do_launch(i);   /* captured launches still call cuLaunchKernel */
-        CHECK(D.cuStreamEndCapture(stream, &g), "cuStreamEndCapture");
-        CHECK(D.cuGraphInstantiateWithFlags(&graph_exec, g, 0), "cuGraphInstantiateWithFlags");
-    }
     if (O.wait_stdin) {
         printf("ready %d\n", (int)getpid());
         wait_line();
@@ -366,6 +359,13 @@ int main(int argc, char **argv) {
 
     double t0 = now_s();
     long launch_i = 0, h2d_i = 0, d2h_i = 0, sync_i = 0;
+    if (O.graphs > 0) {
+        H g;
+        CHECK(D.cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture_v2");
+        for (long i = 0; i < O.graph_kernels; i++) do_launch(launch_i++);   /* captured launches still call cuLaunchKernel */
+        CHECK(D.cuStreamEndCapture(stream, &g), "cuStreamEndCapture");
+        CHECK(D.cuGraphInstantiateWithFlags(&graph_exec, g, 0), "cuGraphInstantiateWithFlags");
+    }
     for (long step = 0; !K.stop; step++) {
         if (O.steps > 0 && step >= O.steps) break;
         if (O.steps == 0 && now_s() - t0 >= O.duration) break;
