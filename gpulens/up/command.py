@@ -1,15 +1,62 @@
-"""CLI entry for this component: `configure(parser)` adds its options, `run(args)` runs it."""
+"""`gpulens up`: the whole loop on one machine, supervised, in the foreground.
+
+Starts the exporter, the node agent, the gateway, Prometheus and Alertmanager (system packages,
+generated configs with the project's rules and the gateway as webhook receiver), a coordinator
+per (job, attempt) that registers, and a local page listing captures and annotations (or posts
+annotations to Grafana with --grafana-url). `--demo` adds a two-rank PyTorch CPU trainer driving
+the CUDA driver stand-in, and `--incident X` induces one of the three incidents after a warm-up.
+Ctrl-C stops everything it started; the archive stays.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
+from pathlib import Path
+
+__all__ = ["configure", "run"]
+
+INCIDENTS = ("host_sync", "noisy_neighbor", "input_starvation")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--workdir", type=Path, default=Path(".gpulens"),
+                        help="where registry, traces, archive, logs and generated configs live (default: ./.gpulens)")
+    parser.add_argument("--port-base", type=int, default=9450,
+                        help="first port; exporter +0, agent +1, gateway +3, page +4, Prometheus +10, "
+                             "Alertmanager +11, coordinators +20.. (default 9450)")
+    parser.add_argument("--demo", action="store_true",
+                        help="also run a sample trainer (torchrun, 2 ranks, PyTorch CPU) armed by the hook")
+    parser.add_argument("--incident", choices=INCIDENTS, help="induce this incident in the demo after --incident-after")
+    parser.add_argument("--incident-after", type=float, default=100.0, metavar="S",
+                        help="seconds of normal training before the incident (the rules need a baseline first)")
+    parser.add_argument("--time-scale", type=float, default=1 / 30,
+                        help="alert-rule windows are multiplied by this (1/30: 30 minutes of baseline become 60 s)")
+    parser.add_argument("--grafana-url", help="post capture annotations to this Grafana (token: --grafana-token-file)")
+    parser.add_argument("--grafana-token-file", type=Path)
+    parser.add_argument("--trigger", default="auto", choices=["auto", "builtin", "dynolog"],
+                        help="how the agent reaches Kineto: a dynolog daemon if one answers, else its own IPC endpoint")
+    parser.add_argument("--dynolog-addr", default="127.0.0.1:1778")
+    parser.add_argument("--no-prometheus", action="store_true", help="don't start Prometheus and Alertmanager")
+    parser.add_argument("--exit-after", type=float, metavar="S", help="stop by itself after S seconds (for scripts)")
+    parser.add_argument("--status-interval", type=float, default=5.0, metavar="S")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"{sys.argv[0]}: this component is not built yet", file=sys.stderr)
-    return 1
+    if args.incident and not args.demo:
+        print("gpulens up: --incident needs --demo (it is induced in the demo trainer)", file=sys.stderr)
+        return 2
+    from .runner import Runner
+
+    runner = Runner(args)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        return loop.run_until_complete(runner.run(stop))
+    finally:
+        loop.close()

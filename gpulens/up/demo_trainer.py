@@ -1,0 +1,91 @@
+"""The demo trainer `gpulens up --demo` runs under `torchrun --nproc-per-node=2` (PyTorch CPU,
+gloo), armed by the trainer hook like any real job.
+
+Each step does a little real PyTorch work (so Kineto traces have real `cpu_op` events) and drives
+the CUDA driver stand-in (exporter/stub) through its exported driver symbols, so the exporter's
+uprobes see demand, back-pressure and transfers exactly as they would from cuBLAS on a GPU.
+
+An incident is switched on at run time by writing its name into the control file (`gpulens up
+--incident X` does that after the warm-up); the step loop re-reads the file when it changes:
+
+  host_sync         a "logging only" change copies a whole tensor to the host every step:
+                    extra synchronous device-to-host copies, demand unchanged
+  input_starvation  the data loader is CPU-starved: each step waits 4x longer for its batch, so
+                    launches and host-to-device bytes drop, and so does time blocked in syncs
+  noisy_neighbor    nothing changes here; `gpulens up` starts a second job on the same (stand-in)
+                    GPU, whose work delays ours on the shared device timeline
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def read_incident(path: str, cache: dict) -> str:
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        return "none"
+    if cache.get("mtime") != mtime:
+        try:
+            with open(path) as f:
+                cache["incident"] = f.read().strip() or "none"
+        except OSError:
+            cache["incident"] = "none"
+        cache["mtime"] = mtime
+    return cache.get("incident", "none")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--libcuda", required=True, help="path of the stand-in libcuda.so.1")
+    ap.add_argument("--control", required=True, help="file holding the current incident name")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until stopped)")
+    ap.add_argument("--kernels", type=int, default=40)
+    ap.add_argument("--kernel-us", type=int, default=100)
+    ap.add_argument("--h2d-bytes", type=int, default=4 << 20)
+    ap.add_argument("--host-ms", type=float, default=20.0, help="time each step waits for its input batch")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from exporter.stub import StubDriver
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    device = StubDriver(args.libcuda, device=0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cache: dict = {}
+    step, last_incident = 0, "none"
+    print(f"demo-trainer rank={rank} pid={os.getpid()} started", flush=True)
+    while args.steps == 0 or step < args.steps:
+        incident = read_incident(args.control, cache)
+        if incident != last_incident:
+            print(f"demo-trainer rank={rank} incident={incident} step={step}", flush=True)
+            last_incident = incident
+        host_ms = args.host_ms * (4 if incident == "input_starvation" else 1)
+        time.sleep(host_ms / 1000)                       # waiting for the next batch
+        x = torch.randn(32, 64)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
+                    d2h_sync_bytes=(16 << 20) if incident == "host_sync" else 0)
+        if step % 20 == 0:
+            t = torch.ones(1)
+            dist.all_reduce(t)                           # keeps the ranks in step, like a real job
+        step += 1
+    device.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

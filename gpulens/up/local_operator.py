@@ -1,0 +1,83 @@
+"""The embedded stand-in for `gpulens operator`: one coordinator per (namespace, job, attempt) that
+registers on this machine, and the gateway's routes kept in step with them.
+
+Discovery is the registration records, as on a node; a job that appears later gets its own
+coordinator, exactly as an armed job gets one from the operator in a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import TYPE_CHECKING
+
+from gpulens.logs import get_logger
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+__all__ = ["LocalOperator", "read_jobs"]
+
+log = get_logger("up")
+
+
+def read_jobs(registry) -> dict[tuple[str, str, int], set[str]]:
+    """{(namespace, job, attempt): {pods}} from the registration records in `registry`."""
+    jobs: dict[tuple[str, str, int], set[str]] = {}
+    for path in sorted(registry.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+            key = (str(rec["namespace"]), str(rec["job_id"]), int(rec["attempt"]))
+            jobs.setdefault(key, set()).add(str(rec["pod"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half-written or foreign file: the agent reports those
+    return jobs
+
+
+class LocalOperator:
+    def __init__(self, runner: "Runner", interval_s: float = 1.0):
+        self.runner = runner
+        self.interval_s = interval_s
+        self.coordinators: dict[tuple[str, str, int], str] = {}   # key -> URL
+        self.pods: dict[str, str] = {}                               # "ns/pod" -> "ns/job"
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.reconcile()
+            except Exception as exc:  # keep going: the next pass may succeed
+                log.error("local_operator.error", error=str(exc))
+            await asyncio.sleep(self.interval_s)
+
+    async def reconcile(self) -> None:
+        changed = False
+        for key, pods in read_jobs(self.runner.layout.registry).items():
+            namespace, job, attempt = key
+            for pod in pods:
+                if self.pods.get(f"{namespace}/{pod}") != f"{namespace}/{job}":
+                    self.pods[f"{namespace}/{pod}"] = f"{namespace}/{job}"
+                    changed = True
+            if key in self.coordinators:
+                continue
+            # a newer attempt of the same job replaces the route (the old coordinator stays for its captures)
+            spec = self.runner.coordinator_spec(namespace, job, attempt, index=len(self.coordinators))
+            await self.runner.sup.start(spec)
+            self.coordinators[key] = spec.url
+            changed = True
+            log.info("coordinator.started", namespace=namespace, job_id=job, attempt=attempt, url=spec.url)
+            self.runner.say(f"gpulens up: job {namespace}/{job} attempt {attempt} registered: coordinator at {spec.url}")
+        if changed:
+            self.write_routes()
+
+    def write_routes(self) -> None:
+        latest: dict[str, tuple[int, str]] = {}
+        for (namespace, job, attempt), url in self.coordinators.items():
+            name = f"{namespace}/{job}"
+            if name not in latest or attempt > latest[name][0]:
+                latest[name] = (attempt, url)
+        doc = {"routes": {name: url for name, (_, url) in latest.items()}, "pods": dict(self.pods)}
+        path = self.runner.layout.routes_file
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
+        os.replace(tmp, path)

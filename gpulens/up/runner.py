@@ -1,0 +1,230 @@
+"""The `gpulens up` process tree: what starts, in which order, with which flags, and how it ends."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from gpulens.logs import get_logger
+
+from .configs import alertmanager_config, prometheus_config, write_yaml
+from .layout import Layout, Ports
+from .local_operator import LocalOperator
+from .page import Page
+from .status import StatusReporter
+from .supervisor import ChildSpec, Supervisor, http_ready
+
+__all__ = ["Runner", "repo_root"]
+
+log = get_logger("up")
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, out=None):
+        self.args = args
+        self.out = out or sys.stdout
+        self.layout = Layout.create(args.workdir)
+        self.ports = Ports(args.port_base)
+        self.sup = Supervisor(self.layout.logs)
+        self.node = socket.gethostname()
+        self.cli = [sys.executable, "-m", "gpulens.cli"]
+        self.urls: dict[str, str] = {}
+        self.operator: LocalOperator | None = None
+        self.page: Page | None = None
+        self.stub = None
+        self._demo_pids: set[int] = set()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    # --- the tree -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> int:
+        self.say(f"gpulens up: starting in {self.layout.workdir} (logs: {self.layout.logs})")
+        rc = 0
+        background: list[asyncio.Task] = []
+        try:
+            await self._start_core()
+            if self.args.demo:
+                await self._start_demo()
+            self._print_urls()
+            status = StatusReporter(self, interval_s=self.args.status_interval)
+            background.append(asyncio.create_task(status.run(), name="status"))
+            background.append(asyncio.create_task(self.operator.run(), name="local-operator"))
+            if self.args.incident:
+                background.append(asyncio.create_task(self._induce_incident(), name="incident"))
+            waiter = asyncio.create_task(stop.wait())
+            timers = [waiter]
+            if self.args.exit_after:
+                timers.append(asyncio.create_task(asyncio.sleep(self.args.exit_after)))
+            await asyncio.wait(timers, return_when=asyncio.FIRST_COMPLETED)
+            for t in timers:
+                t.cancel()
+            self.say("gpulens up: stopping ...")
+        except RuntimeError as exc:
+            self.say(f"gpulens up: {exc}")
+            rc = 1
+        finally:
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self.sup.stop_all()
+            if self.page:
+                await self.page.stop()
+            removed = self._remove_stale_registrations()
+            self.say(f"gpulens up: stopped {len(self.sup.children)} processes"
+                     + (f", removed {removed} registration records" if removed else "")
+                     + f"; archive kept at {self.layout.archive_dir}")
+        return rc
+
+    async def _start_core(self) -> None:
+        L, P, a = self.layout, self.ports, self.args
+        tok = L.token_file
+        await self.sup.start(ChildSpec(
+            "exporter", self.cli + ["exporter", "--listen", f"127.0.0.1:{P.exporter}", "--node", self.node,
+                                    "--registry-dir", str(L.registry), "--no-kubernetes",
+                                    "--nvml", f"stub:{L.stub_state}" if a.demo else "auto"],
+            ready=http_ready(f"http://127.0.0.1:{P.exporter}/healthz"), url=f"http://127.0.0.1:{P.exporter}/metrics"))
+        await self.sup.start(ChildSpec(
+            "agent", self.cli + ["agent", "--listen", f"127.0.0.1:{P.agent}", "--node", self.node,
+                                 "--registry-dir", str(L.registry), "--trace-dir", str(L.traces),
+                                 "--state-dir", str(L.state / "agent"), "--archive-root", L.archive_root,
+                                 "--trigger", a.trigger, "--dynolog-addr", a.dynolog_addr,
+                                 "--socket-dir", str(L.socket_dir), "--token-file", str(tok("agent"))],
+            ready=http_ready(f"http://127.0.0.1:{P.agent}/healthz"), url=f"http://127.0.0.1:{P.agent}"))
+        L.routes_file.write_text(json.dumps({}))
+        await self.sup.start(ChildSpec(
+            "gateway", self.cli + ["gateway", "--listen", f"127.0.0.1:{P.gateway}", "--token-file", str(tok("gateway")),
+                                   "--routes-file", str(L.routes_file), "--coordinator-token-file", str(tok("coordinator")),
+                                   "--state-dir", str(L.state / "gateway"), "--cooldown-s", "120"],
+            ready=http_ready(f"http://127.0.0.1:{P.gateway}/healthz"), url=f"http://127.0.0.1:{P.gateway}"))
+        self.operator = LocalOperator(self)
+        self.page = Page(self, port=P.ui)
+        await self.page.start()
+        self.urls["captures and annotations"] = f"http://127.0.0.1:{P.ui}/"
+        if not a.no_prometheus:
+            await self._start_prometheus_and_alertmanager()
+
+    def coordinator_spec(self, namespace: str, job: str, attempt: int, index: int) -> ChildSpec:
+        L, P, a = self.layout, self.ports, self.args
+        port = P.coordinator(index)
+        argv = self.cli + ["coordinator", "--listen", f"127.0.0.1:{port}", "--job", job, "--attempt", str(attempt),
+                           "--namespace", namespace, "--discovery", "local", "--registry-dir", str(L.registry),
+                           "--agent-url", f"http://127.0.0.1:{P.agent}", "--archive-root", L.archive_root,
+                           "--token-file", str(L.token_file("coordinator")),
+                           "--agent-token-file", str(L.token_file("agent")), "--analysis", "local",
+                           "--state-dir", str(L.state / f"coordinator-{namespace}-{job}-{attempt}")]
+        if a.grafana_url:
+            argv += ["--grafana-url", a.grafana_url]
+            if a.grafana_token_file:
+                argv += ["--grafana-token-file", str(a.grafana_token_file)]
+        else:
+            argv += ["--annotations-file", str(L.annotations_file)]
+        return ChildSpec(f"coordinator-{namespace}-{job}-a{attempt}", argv,
+                         ready=http_ready(f"http://127.0.0.1:{port}/healthz"), url=f"http://127.0.0.1:{port}")
+
+    async def _start_prometheus_and_alertmanager(self) -> None:
+        L, P = self.layout, self.ports
+        prom, am = shutil.which("prometheus"), shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+        if not prom or not am:
+            self.say("gpulens up: Prometheus/Alertmanager not installed (scripts/setup.sh installs them): "
+                     "no alerts, captures only on request")
+            return
+        rules_dir = L.state / "rules"
+        gen = subprocess.run([sys.executable, "-m", "alertrules.generate", "--time-scale", str(self.args.time_scale),
+                              "--rules-out", str(rules_dir), "--manifest-out", str(L.state / "prometheusrule.yaml"),
+                              "--grafana-url", self.args.grafana_url or f"http://127.0.0.1:{P.ui}"],
+                             cwd=repo_root(), capture_output=True, text=True)
+        if gen.returncode != 0:
+            raise RuntimeError(f"generating alert rules failed: {gen.stderr.strip()[-500:]}")
+        rule_files = sorted(rules_dir.glob("*.yml")) + sorted(rules_dir.glob("*.yaml"))
+        prom_cfg = write_yaml(L.state / "prometheus.yml", prometheus_config(
+            exporter=f"127.0.0.1:{P.exporter}", rule_files=rule_files, alertmanager=f"127.0.0.1:{P.alertmanager}"))
+        am_cfg = write_yaml(L.state / "alertmanager.yml", alertmanager_config(
+            webhook_url=f"http://127.0.0.1:{P.gateway}/v1/alertmanager", token_file=L.token_file("gateway")))
+        await self.sup.start(ChildSpec(
+            "alertmanager", [am, f"--config.file={am_cfg}", f"--storage.path={L.state / 'alertmanager'}",
+                             f"--web.listen-address=127.0.0.1:{P.alertmanager}", "--cluster.listen-address="],
+            ready=http_ready(f"http://127.0.0.1:{P.alertmanager}/-/ready"), url=f"http://127.0.0.1:{P.alertmanager}"))
+        await self.sup.start(ChildSpec(
+            "prometheus", [prom, f"--config.file={prom_cfg}", f"--storage.tsdb.path={L.state / 'prometheus'}",
+                           f"--web.listen-address=127.0.0.1:{P.prometheus}", "--web.enable-lifecycle"],
+            ready=http_ready(f"http://127.0.0.1:{P.prometheus}/-/ready"), url=f"http://127.0.0.1:{P.prometheus}"))
+
+    async def _start_demo(self) -> None:
+        from exporter.stub import build_stub
+        from hooks import hook_path
+
+        L = self.layout
+        self.stub = build_stub(L.workdir / "stub")
+        L.incident_file.write_text("none")
+        env = self.stub.env(
+            PYTHONPATH=str(hook_path()), GPULENS_JOB_ID="demo", GPULENS_ATTEMPT="0", GPULENS_NAMESPACE="demo",
+            GPULENS_POD_NAME="demo-trainer-0", GPULENS_REGISTRY_DIR=str(L.registry), GPULENS_TRACE_DIR=str(L.traces),
+            GPULENS_SOCKET_DIR=str(L.socket_dir), GPULENS_STUB_STATE_DIR=str(L.stub_state), OMP_NUM_THREADS="1")
+        torchrun = str(Path(sys.executable).parent / "torchrun")
+        await self.sup.start(ChildSpec(
+            "demo-trainer", [torchrun, "--nproc-per-node=2", f"--master-port={_free_port()}", "-m",
+                             "gpulens.up.demo_trainer", "--libcuda", str(self.stub.libcuda),
+                             "--control", str(L.incident_file)],
+            env=env, restart=False))
+
+    async def _induce_incident(self) -> None:
+        await asyncio.sleep(self.args.incident_after)
+        incident = self.args.incident
+        self.say(f"gpulens up: inducing incident '{incident}' in the demo trainer now")
+        log.info("incident.induced", incident=incident)
+        if incident == "noisy_neighbor":
+            env = self.stub.env(GPULENS_STUB_STATE_DIR=str(self.layout.stub_state))
+            await self.sup.start(ChildSpec(
+                "noisy-neighbor", [str(self.stub.workload), "--device", "0", "--duration", "100000",
+                                   "--kernels", "200", "--kernel-us", "400", "--h2d-bytes", "1048576",
+                                   "--sync-every", "1", "--host-us", "1000", "--host-work", "sleep"],
+                env=env, restart=False))
+        self.layout.incident_file.write_text(incident)
+
+    def _print_urls(self) -> None:
+        P = self.ports
+        rows = [("metrics (exporter)", f"http://127.0.0.1:{P.exporter}/metrics"),
+                ("node agent", f"http://127.0.0.1:{P.agent}/healthz"),
+                ("gateway (Alertmanager webhook)", f"http://127.0.0.1:{P.gateway}/v1/alertmanager")]
+        if "prometheus" in self.sup.children:
+            rows += [("Prometheus", f"http://127.0.0.1:{P.prometheus}/alerts"),
+                     ("Alertmanager", f"http://127.0.0.1:{P.alertmanager}/")]
+        rows.append(("captures, reports, annotations", f"http://127.0.0.1:{P.ui}/"))
+        width = max(len(r[0]) for r in rows)
+        self.say("gpulens up: ready. Open:")
+        for name, url in rows:
+            self.say(f"  {name:<{width}}  {url}")
+        self.say(f"  start a capture by hand:  GPULENS_TOKEN=$(cat {self.layout.token_file('gateway')}) "
+                 f"gpulens capture start --url http://127.0.0.1:{P.gateway} --namespace demo --job demo --wait")
+        self.say("  Ctrl-C stops everything.")
+
+    def _remove_stale_registrations(self) -> int:
+        """Records whose process is gone (a SIGTERMed worker has no atexit) would mislead the next run."""
+        removed = 0
+        for path in self.layout.registry.glob("*.json"):
+            try:
+                pid = json.loads(path.read_text()).get("host_pid") or 0
+            except (OSError, ValueError):
+                pid = 0
+            if not pid or not Path(f"/proc/{pid}").exists():
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
