@@ -141,21 +141,20 @@ def _check_digest(job: InspectJob) -> None:
                       f"with sha256 {job.sha256}")
 
 
-def _read_content(job: InspectJob) -> tuple[bytes, bool]:
+def _read_content(job: InspectJob) -> tuple[bytearray, bool]:
     with open(job.path, "rb") as f:
         compressed = f.read(2) == _GZIP_MAGIC
     opener = gzip.open if compressed else open
-    chunks, total = [], 0
+    data = bytearray()  # grown in place: no second full-size copy from joining chunks
     try:
         with opener(job.path, "rb") as f:
             while chunk := f.read(8 << 20):
-                total += len(chunk)
-                if total > job.max_bytes:
+                if len(data) + len(chunk) > job.max_bytes:
                     raise _Reject(Exclusion.UNREADABLE, f"trace decompresses to more than {job.max_bytes} bytes")
-                chunks.append(chunk)
+                data += chunk
     except (gzip.BadGzipFile, EOFError, OSError) as exc:
         raise _Reject(Exclusion.UNREADABLE, f"corrupt gzip stream: {exc}") from exc
-    return b"".join(chunks), compressed
+    return data, compressed
 
 
 def _num(v) -> bool:
@@ -166,7 +165,7 @@ def _int_or_none(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _facts(data: bytes, compressed: bool) -> TraceFacts:
+def _facts(data: bytearray, compressed: bool) -> TraceFacts:
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -219,18 +218,18 @@ def _hta_name(job: InspectJob, compressed: bool) -> Path:
     return Path(job.hta_dir) / f"rank-{job.rank}.json{'.gz' if compressed else ''}"
 
 
-def _stage_for_hta(job: InspectJob, data: bytes, facts: TraceFacts) -> Path | None:
+def _stage_for_hta(job: InspectJob, data: bytearray, facts: TraceFacts) -> Path | None:
     """Write a patched copy when distributedInfo is missing; None when the file can be used as is."""
     if facts.distributed_rank is not None:
         return None
     brace = data.index(b"{")  # the document is a JSON object, so its first token is "{"
-    patched = (data[:brace + 1] + b'"distributedInfo": {"rank": %d}, ' % job.rank + data[brace + 1:])
+    insert = b'"distributedInfo": {"rank": %d}, ' % job.rank
     dest = _hta_name(job, facts.compressed)
-    if facts.compressed:
-        with gzip.open(dest, "wb", compresslevel=1) as f:
-            f.write(patched)
-    else:
-        dest.write_bytes(patched)
+    view = memoryview(data)  # written in three pieces: no patched full-size copy in memory
+    with (gzip.open(dest, "wb", compresslevel=1) if facts.compressed else open(dest, "wb")) as f:
+        f.write(view[:brace + 1])
+        f.write(insert)
+        f.write(view[brace + 1:])
     return dest
 
 
