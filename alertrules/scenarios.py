@@ -69,7 +69,14 @@ class Pod:
     h2d: Steps = flat(H2D)
     d2h: Steps = flat(D2H)
     start: int = 0           # first sample (counters start at 0 here)
-    end: int | None = None   # the process is gone from this minute: staleness marker
+    end: int | None = None   # the process exits at this minute
+    # The exporter keeps a series' counters (flat) for --retired-ttl (default 900 s) after its
+    # last process exits, so a restart of one rank does not reset the series; NVML gauges go at once.
+    retired_ttl: int = 15
+
+    def exported(self, minute: int) -> bool:
+        """Counters are exported: alive, or within the retired TTL after the exit."""
+        return self.start <= minute and (self.end is None or minute < self.end + self.retired_ttl)
 
     def alive(self, minute: int) -> bool:
         return self.start <= minute and (self.end is None or minute < self.end)
@@ -117,13 +124,16 @@ class Scenario:
     # restart from 0 at b (from a new scrape address if `instance_after_outage` is set)
     outage: tuple[int, int] | None = None
     instance_after_outage: str | None = None
+    nvml: bool = True   # NVML works on the node: per-process memory and pods per GPU are exported
 
     # --- samples ---------------------------------------------------------------------------
     def series(self) -> list[tuple[str, list[Value]]]:
         out: list[tuple[str, list[Value]]] = []
         for pod in self.pods:
             out.extend(self._pod_series(pod))
-        out.extend(self._gpu_series())
+        if self.pods:
+            out.extend(self._gpu_series())
+            out.extend(self._source_series())
         out.extend((r.series, list(r.values)) for r in self.raw)
         return out
 
@@ -161,12 +171,12 @@ class Scenario:
             total = 0.0
             prev_present = False
             for t in range(self.minutes + 1):
-                present = pod.alive(t) and not self._down(t) and self._instance(t) == inst
+                present = pod.exported(t) and not self._down(t) and self._instance(t) == inst
                 restarted = self.outage is not None and t == self.outage[1]
                 if present:
                     if restarted:
-                        total = rate.at(t) * 30  # counted since the restart, 30 s before the scrape
-                    elif prev_present:
+                        total = rate.at(t) * 30 if pod.alive(t) else 0.0  # counted since the restart
+                    elif prev_present and pod.alive(t - 1):
                         total += rate.at(t - 1) * 60
                     values.append(round(total, 6))
                 else:
@@ -187,11 +197,21 @@ class Scenario:
         out += self._counter(f"gpulens_sync_wait_seconds_total{{{base}}}", pod, pod.sync_wait)
         out += self._counter(f'gpulens_memcpy_bytes_total{{{base}, direction="h2d"}}', pod, pod.h2d)
         out += self._counter(f'gpulens_memcpy_bytes_total{{{base}, direction="d2h"}}', pod, pod.d2h)
-        out += self._gauge(f"gpulens_process_gpu_memory_bytes{{{base}}}", pod.alive, lambda t: MEMORY)
+        if self.nvml:
+            out += self._gauge(f"gpulens_process_gpu_memory_bytes{{{base}}}", pod.alive, lambda t: MEMORY)
+        return out
+
+    def _source_series(self) -> list[tuple[str, list[Value]]]:
+        out = []
+        for node in sorted({p.node for p in self.pods}):
+            out += self._gauge(f'gpulens_exporter_source_up{{node="{node}", source="nvml"}}', lambda t: True,
+                               lambda t: 1.0 if self.nvml else 0.0)
         return out
 
     def _gpu_series(self) -> list[tuple[str, list[Value]]]:
-        out = []
+        out: list[tuple[str, list[Value]]] = []
+        if not self.nvml:
+            return out
         for node, gpu in sorted({(p.node, p.gpu) for p in self.pods}):
             on_gpu = [p for p in self.pods if (p.node, p.gpu) == (node, gpu)]
             out += self._gauge(f'gpulens_gpu_pods{{node="{node}", gpu="{gpu}"}}', lambda t: True,
@@ -226,15 +246,16 @@ _slow_gpu = Pod("ml", "vit-0", launches=change(LAUNCHES, T, 1000.0), sync_wait=c
 _stalled = Pod("ml", "gpt-3", launches=change(LAUNCHES, T, 0.0), sync_wait=change(SYNC, T, 0.0),
                h2d=change(H2D, T, 0.0), d2h=change(D2H, T, 0.0))
 _unexplained = Pod("ml", "dlrm-0", launches=change(LAUNCHES, T, 1000.0))
+_no_nvml = Pod("ml", "dlrm-1", gpu="unknown", launches=change(LAUNCHES, T, 1000.0))
 _shared_starved = Pod("ml", "bert-1", launches=change(LAUNCHES, T, 900.0),
                       sync_wait=change(SYNC, T, 0.1), h2d=change(H2D, T, 15e6))
 _shared_other = Pod("ml", "bert-eval-0", launches=flat(500.0))
 
 
 def _incident(name: str, story: str, pods: tuple[Pod, ...], fired_at: int,
-              firing: tuple[str, Pod, str]) -> Scenario:
+              firing: tuple[str, Pod, str], nvml: bool = True) -> Scenario:
     return Scenario(
-        name=name, story=story, minutes=80, pods=pods,
+        name=name, story=story, minutes=80, pods=pods, nvml=nvml,
         # T+7: the condition holds but `for:` has not elapsed yet (pending is not firing)
         expect=(Expect(T - 10), Expect(T + 3), Expect(T + 7), Expect(fired_at, (fires(*firing),))),
     )
@@ -270,6 +291,10 @@ INCIDENTS: tuple[Scenario, ...] = (
     _incident("unclassified_demand_drop",
               "Demand halves with back-pressure, transfers and contention unchanged.",
               (_unexplained,), T + 17, ("GPUWorkloadDemandDrop", _unexplained, "unclassified")),
+    _incident("unclassified_demand_drop_without_nvml",
+              "The same drop on a node without NVML (gpu 'unknown', no contention or memory "
+              "series): the pod's exported counters stand in for a live process.",
+              (_no_nvml,), T + 17, ("GPUWorkloadDemandDrop", _no_nvml, "unclassified"), nvml=False),
 )
 
 
@@ -283,12 +308,18 @@ NON_EVENTS: tuple[Scenario, ...] = (
                             sync_wait=Steps(((0, SYNC),), jitter=(1.0, 1.1, 0.9)),
                             graph_launches=flat(10.0)),), expect=_quiet),
     Scenario("job_ends",
-             "The job winds down (8 minutes of checkpointing without launches) and exits at "
-             "minute 60: its series go stale, and the 5m rate windows that still hold its last "
-             "samples must not keep a 'stalled' alert going.",
-             120, pods=(Pod("ml", "done-0", launches=change(LAUNCHES, 52, 0.0),
-                            sync_wait=change(SYNC, 52, 0.0), h2d=change(H2D, 52, 0.0), end=60),),
+             "The job winds down (a final evaluation at 40% of its demand and 30% of its feed for "
+             "6 minutes) and exits at minute 60. The exporter keeps its counters, flat, for 15 more "
+             "minutes; NVML stops listing its processes at once. A job that has gone is not a "
+             "demand drop, a starved input or a stall.",
+             120, pods=(Pod("ml", "done-0", launches=change(LAUNCHES, 54, 800.0),
+                            sync_wait=change(SYNC, 54, 0.05), h2d=change(H2D, 54, 15e6), end=60),),
              expect=_quiet),
+    Scenario("job_ends_without_nvml",
+             "A node without NVML: the job exits at minute 60 and its counters stay exported, flat, "
+             "for 15 minutes. Without a live-process signal a stall cannot be told from an exit, "
+             "so nothing may fire.",
+             120, pods=(Pod("ml", "done-0", gpu="unknown", end=60),), nvml=False, expect=_quiet),
     Scenario("exporter_restart_counter_reset",
              "The exporter is down for minutes 60-61 and restarts: every series goes stale and "
              "the counters restart from 0 at minute 62.",

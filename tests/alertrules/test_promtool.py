@@ -86,10 +86,26 @@ ALERTS = "gpulens-alerts.rules.yml"
 
 # (id, rule file, text to replace, replacement, test file that must fail, scenario it names)
 MUTATIONS = [
-    ("no-liveness-guard", RECORDING,
-     "          and on (namespace, pod, gpulens_job, node)\n"
-     "          group by (namespace, pod, gpulens_job, node) (gpulens_kernel_launches_total)\n", "",
+    ("liveness-is-just-exported-counters", RECORDING,
+     "          (\n"
+     "              group by (namespace, pod, gpulens_job, node) (gpulens_process_gpu_memory_bytes)\n"
+     "            or\n"
+     "              (\n"
+     "                  group by (namespace, pod, gpulens_job, node) (gpulens_kernel_launches_total)\n"
+     "                unless on (node)\n"
+     "                  (max by (node) (gpulens_exporter_source_up{source=\"nvml\"}) > 0)\n"
+     "              )\n"
+     "          )",
+     "          group by (namespace, pod, gpulens_job, node) (gpulens_kernel_launches_total)",
      "non_events.test.yml", "job_ends"),
+    ("gate-without-nvml-fallback", RECORDING,
+     "unless on (node)\n                  (max by (node) (gpulens_exporter_source_up{source=\"nvml\"}) > 0)",
+     "and on (node)\n                  (max by (node) (gpulens_exporter_source_up{source=\"nvml\"}) > 0)",
+     "incidents.test.yml", "unclassified_demand_drop_without_nvml"),
+    ("stall-without-a-live-process", ALERTS,
+     "          and on (namespace, pod, gpulens_job, node)\n"
+     "          group by (namespace, pod, gpulens_job, node) (gpulens_process_gpu_memory_bytes)\n", "",
+     "non_events.test.yml", "job_ends_without_nvml"),
     ("no-minimum-baseline", RECORDING, ">= 20)", ">= 0)", "non_events.test.yml", "tiny_traffic"),
     ("no-history-guard", RECORDING,
      "          and on (namespace, pod, gpulens_job, node)\n"
