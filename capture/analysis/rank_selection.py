@@ -4,7 +4,9 @@ HTA aligns ranks by subtracting the smallest raw timestamp across all of them, s
 on one clock: files from another job (or another clock base) silently produce nonsense or an
 int64 overflow deep inside HTA. Ranks are grouped by clock (Kineto's `baseTimeNanoseconds`, or
 absolute epoch-µs timestamps) and by start time within the capture window; the largest group is
-analysed and every other rank is reported as excluded with the reason. Expected ranks with no
+analysed (ties: the group holding the lowest rank) and every other rank is reported as excluded
+with the reason. Within that group, files that state a different `distributedInfo.world_size`
+than the majority are from another job and excluded too. Expected ranks with no
 archived artifact are reported as missing with the manifest's failure reason.
 """
 
@@ -74,8 +76,10 @@ def plan_ranks(manifest: Manifest, inspected: list[Inspected]) -> RankPlan:
         candidates.append(RankEntry(status="analysed", hta_path=result.hta_path, **base))
 
     kept, dropped = _one_clock(candidates, manifest.duration_ms / 1000.0 + START_SLACK_S)
+    kept, other_job = _one_world_size(kept)
     entries.extend(kept)
     entries.extend(dropped)
+    entries.extend(other_job)
     entries.extend(_missing(manifest))
     entries.sort(key=lambda e: (e.rank if e.rank is not None else 1 << 62, e.status != "analysed", e.target_id))
     return RankPlan(entries)
@@ -115,6 +119,25 @@ def _one_clock(candidates: list[RankEntry], tolerance_s: float) -> tuple[list[Ra
                         "not the same job and window"),
                 artifact=m.artifact, facts=m.facts))
     return best, dropped
+
+
+def _one_world_size(group: list[RankEntry]) -> tuple[list[RankEntry], list[RankEntry]]:
+    """Ranks of one job agree on distributedInfo.world_size where their files state it."""
+    holders: dict[int, list[int]] = {}
+    for m in group:
+        if m.facts.world_size is not None:
+            holders.setdefault(m.facts.world_size, []).append(m.rank)
+    if len(holders) <= 1:
+        return group, []
+    size = max(holders, key=lambda s: (len(holders[s]), -min(holders[s])))
+    keep = [m for m in group if m.facts.world_size in (None, size)]
+    drop = [RankEntry(rank=m.rank, target_id=m.target_id, status="excluded",
+                      reason=Exclusion.WORLD_SIZE_MISMATCH.value,
+                      detail=(f"the trace says distributedInfo.world_size={m.facts.world_size}; the "
+                              f"{len(holders[size])} analysed rank(s) that state it say {size}: not the same job"),
+                      artifact=m.artifact, facts=m.facts)
+            for m in group if m.facts.world_size not in (None, size)]
+    return keep, drop
 
 
 def _fmt(epoch_s: float | None) -> str:

@@ -155,3 +155,28 @@ def test_out_dir_leaves_the_archive_alone(builder, trace_filter, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "summary.json"]
     assert not (capture.dir / "analysis").exists()
     assert json.loads((out / "summary.json").read_text())["outputs"]["report_uri"] == run.report_uri
+
+
+def test_ranks_of_another_job_size_are_excluded(builder, trace_filter):
+    """Same clock and window, but the file says it belongs to a 64-rank job, not the 128-rank one."""
+    other = json.loads(gzip.decompress(trace_filter[1].read_bytes()))
+    other["distributedInfo"]["world_size"] = 64
+    capture = (builder().add(0, trace_filter[0]).add(1, gzip.compress(json.dumps(other).encode()),
+                                                      file_name="rank-1.json.gz").write())
+    run = analyze_manifest(capture.manifest_uri)
+    assert _status(run) == {"rank-0": ("analysed", None), "rank-1": ("excluded", "world_size_mismatch")}
+    assert "world_size=64" in next(r for r in run.summary["ranks"] if r["rank"] == 1)["detail"]
+
+
+def test_same_clock_but_another_window_is_excluded(builder, trace_filter):
+    """Both epoch-µs, but rank 1 was recorded a day later: not this capture's window."""
+    later = json.loads(gzip.decompress(trace_filter[1].read_bytes()))
+    for e in later["traceEvents"]:
+        if "ts" in e:
+            e["ts"] += 86_400 * 1_000_000
+    capture = (builder().add(0, trace_filter[0]).add(1, gzip.compress(json.dumps(later).encode()),
+                                                      file_name="rank-1.json.gz").write())
+    run = analyze_manifest(capture.manifest_uri)
+    assert _status(run) == {"rank-0": ("analysed", None), "rank-1": ("excluded", "clock_mismatch")}
+    detail = next(r for r in run.summary["ranks"] if r["rank"] == 1)["detail"]
+    assert "2023-04-29T" in detail and "2023-04-28T" in detail  # both start times, a day apart
