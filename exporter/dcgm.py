@@ -88,7 +88,8 @@ class DcgmSource:
         pcie: dict[tuple[str, str], tuple[float, bool]] = {}
         for family in families:
             for sample in family.samples:
-                name = sample.name
+                # the parser names counter samples "<family>_total" even when the page did not
+                name = sample.name.removesuffix("_total") if family.type == "counter" else sample.name
                 if name not in GAUGE_FIELDS and name not in PCIE_FIELDS:
                     continue
                 gpu = _gpu(sample.labels)

@@ -1,0 +1,222 @@
+"""Pod lookup through the real `kubernetes` client against kmock (a Kubernetes API emulator over HTTP),
+and attribution of a real process placed in a kubepods-style cgroup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kubernetes import client
+
+from exporter.attribution import Attributor, Workload
+from exporter.kube import PodIndex, PodInfo
+from exporter.procfs import ProcFS
+from exporter.service import Exporter
+
+from .conftest import bcc_usable, make_config, scrape, value
+
+NODE = "node-a"
+
+
+def pod(name: str, uid: str, node: str, namespace: str = "team-a", containers: dict[str, str] | None = None) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1"},
+        "spec": {"nodeName": node, "containers": [{"name": n, "image": "x"} for n in (containers or {}).values()]},
+        "status": {"containerStatuses": [{"name": n, "containerID": cid, "ready": True, "restartCount": 0,
+                                          "image": "x", "imageID": "x"}
+                                         for cid, n in (containers or {}).items()]},
+    }
+
+
+def api_factory(kmock):
+    def make():
+        cfg = client.Configuration(host=str(kmock.url).rstrip("/"))
+        return client.ApiClient(cfg)
+    return make
+
+
+async def eventually(predicate, timeout: float = 15.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def index(kmock):
+    kmock.resources["v1/pods"] = {}
+    idx = PodIndex(api_factory(kmock), NODE, watch_timeout_s=2, read_timeout_s=3, backoff_s=(0.1, 0.2))
+    yield idx
+    await asyncio.to_thread(idx.stop)
+
+
+CID = "a" * 64
+
+
+async def test_lists_only_this_nodes_pods_with_a_field_selector(kmock, index):
+    uid_here, uid_there = str(uuid.uuid4()), str(uuid.uuid4())
+    kmock.objects["v1/pods", "team-a", "trainer-0"] = pod("trainer-0", uid_here, NODE, containers={f"containerd://{CID}": "trainer"})
+    # kmock does not filter by field selector; the index must still keep only its node's pods
+    kmock.objects["v1/pods", "team-b", "elsewhere"] = pod("elsewhere", uid_there, "node-b")
+    index.start()
+    await eventually(index.synced.is_set)
+    assert index.get(uid_here) == PodInfo(uid=uid_here, namespace="team-a", name="trainer-0", node=NODE,
+                                          containers={CID: "trainer"})
+    assert index.get(uid_there) is None
+    pod_requests = [r for r in kmock["get"] if "/pods" in str(r.url)]
+    assert pod_requests
+    assert all(r.params.get("fieldSelector") == f"spec.nodeName={NODE}" for r in pod_requests)
+    assert any(r.params.get("watch") in ("true", "True", "1") for r in pod_requests)
+
+
+async def test_watch_adds_and_removes_pods(kmock, index):
+    index.start()
+    await eventually(index.synced.is_set)
+    uid = str(uuid.uuid4())
+    base = str(kmock.url).rstrip("/")
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(f"{base}/api/v1/namespaces/team-a/pods",
+                         json=pod("late", uid, NODE, containers={f"cri-o://{CID}": "main"}))
+        assert r.status < 300
+        await eventually(lambda: index.get(uid) is not None)
+        assert index.get(uid).containers == {CID: "main"}
+        r = await s.delete(f"{base}/api/v1/namespaces/team-a/pods/late")
+        assert r.status < 300
+        await eventually(lambda: index.get(uid) is None)
+
+
+async def test_api_errors_are_recorded_and_the_index_recovers(kmock, index):
+    uid = str(uuid.uuid4())
+    kmock.objects["v1/pods", "team-a", "p"] = pod("p", uid, NODE)
+    kmock["list"][:2] << 500
+    index.start()
+    await eventually(lambda: index.errors >= 2)
+    assert not index.synced.is_set()
+    assert "500" in (index.last_error or "")
+    await eventually(index.synced.is_set)
+    assert index.get(uid) is not None
+    assert index.last_error is None
+
+
+async def test_unreachable_api_server_does_not_crash(tmp_path):
+    def unreachable():
+        return client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))   # discard port: refused
+    idx = PodIndex(unreachable, NODE, read_timeout_s=1, backoff_s=(0.05,))
+    idx.start()
+    try:
+        await eventually(lambda: idx.errors >= 2)
+        assert not idx.synced.is_set() and idx.last_error
+    finally:
+        await asyncio.to_thread(idx.stop)
+
+
+def test_pod_info_from_raw_dict_and_bad_objects():
+    assert PodInfo is not None
+    from exporter.kube import pod_info
+    info = pod_info(pod("x", "u-1", NODE, containers={f"docker://{CID}": "c"}))
+    assert info.containers == {CID: "c"} and info.node == NODE
+    assert pod_info({"metadata": {}}) is None
+    assert pod_info(None) is None
+    assert pod_info({"metadata": {"uid": "u"}, "status": {"containerStatuses": [{"name": "c"}]}}).containers == {}
+
+
+# ---- a real process in a kubepods cgroup -----------------------------------------------------------
+
+def _cgroup2_mount() -> Path | None:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split()[0] == "cgroup2":
+                return Path(left.split()[4])
+    return None
+
+
+@pytest.fixture
+def kube_cgroup():
+    """Create <cgroup2>/gpulens-test-*/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope."""
+    mount = _cgroup2_mount()
+    if os.geteuid() != 0 or mount is None:
+        pytest.skip("needs root and a cgroup2 mount")
+    uid = str(uuid.uuid4())
+    cid = uuid.uuid4().hex * 2
+    top = mount / f"gpulens-test-{uuid.uuid4().hex[:8]}.slice"
+    leaf = top / f"kubepods-burstable-pod{uid.replace('-', '_')}.slice" / f"cri-containerd-{cid}.scope"
+    try:
+        leaf.mkdir(parents=True)
+    except OSError as exc:
+        pytest.skip(f"cannot create cgroups here: {exc}")
+    moved: list[int] = []
+
+    def enter(pid: int) -> None:
+        (leaf / "cgroup.procs").write_text(str(pid))
+        moved.append(pid)
+
+    yield uid, cid, enter
+    for pid in moved:
+        try:
+            (mount / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            pass   # already exited
+    for d in (leaf, leaf.parent, top):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+async def test_attributor_uses_cgroup_and_pod_index(kmock, index, kube_cgroup):
+    uid, cid, enter = kube_cgroup
+    kmock.objects["v1/pods", "ml", "trainer-7"] = pod("trainer-7", uid, NODE, namespace="ml",
+                                                      containers={f"containerd://{cid}": "pytorch"})
+    proc = await asyncio.create_subprocess_exec("sleep", "30")
+    try:
+        enter(proc.pid)
+        attributor = Attributor(ProcFS(), pods=index)
+        assert attributor.attribute(proc.pid) is None          # pod named by the cgroup, index not synced yet
+        index.start()
+        await eventually(index.synced.is_set)
+        assert attributor.attribute(proc.pid) == Workload("ml", "trainer-7", "pytorch", "kubernetes")
+        # without Kubernetes the same process falls back to its name
+        assert Attributor(ProcFS()).attribute(proc.pid) == Workload("local", "sleep", "", "local")
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(bcc_usable() is not None, reason=str(bcc_usable()))
+async def test_exporter_labels_workload_with_its_kubernetes_pod(kmock, index, kube_cgroup, stub, libcuda, tmp_path):
+    uid, cid, enter = kube_cgroup
+    kmock.objects["v1/pods", "ml", "trainer-0"] = pod("trainer-0", uid, NODE, namespace="ml",
+                                                      containers={f"containerd://{cid}": "pytorch"})
+    exp = Exporter(make_config(tmp_path, libcuda, node=NODE, kubernetes=True), pod_index=index)
+    await asyncio.to_thread(exp.start)
+    proc = await asyncio.create_subprocess_exec(str(stub.workload), "--lib", str(libcuda), "--wait-stdin",
+                                                "--steps", "20", "--kernels", "5", stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE)
+    try:
+        assert (await proc.stdout.readline()).startswith(b"ready")
+        enter(proc.pid)
+        await eventually(index.synced.is_set)
+        for _i in range(100):
+            await asyncio.to_thread(exp.tick)
+            if exp.probes.libraries:
+                break
+            await asyncio.sleep(0.05)
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        await proc.stdout.readline()          # the report: loop done
+        s = await asyncio.to_thread(scrape, exp)
+        assert value(s, "gpulens_kernel_launches_total", namespace="ml", pod="trainer-0", container="pytorch",
+                     node=NODE) == 100
+        assert value(s, "gpulens_exporter_source_info", source="attribution", state="ok") == 1
+    finally:
+        proc.kill()
+        await proc.wait()
+        await asyncio.to_thread(exp.close)

@@ -1,0 +1,122 @@
+"""Registration records (the trainer hook's files) as the no-Kubernetes attribution source."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from exporter.attribution import Attributor, Workload
+from exporter.procfs import ProcFS
+from exporter.registrations import RegistrationIndex
+
+from .conftest import registration
+
+
+@pytest.fixture
+def child():
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    time.sleep(0.05)
+    yield p
+    p.kill()
+    p.wait(10)
+    p.stdin.close()
+
+
+def test_record_matches_by_pid_namespace_and_pid(tmp_path, child):
+    registration(tmp_path, child.pid, "trainer-3", namespace="research", container="worker")
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    rec = index.match(child.pid)
+    assert (rec.namespace, rec.pod, rec.container) == ("research", "trainer-3", "worker")
+    assert Attributor(ProcFS(), registrations=index).attribute(child.pid) == \
+        Workload("research", "trainer-3", "worker", "registration")
+
+
+def test_record_of_another_pid_namespace_does_not_match(tmp_path, child):
+    registration(tmp_path, child.pid, "p", pid_namespace="pid:[1]", host_pid=None)
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    assert index.match(child.pid) is None
+
+
+def test_record_older_than_the_process_belongs_to_a_recycled_pid(tmp_path, child):
+    registration(tmp_path, child.pid, "dead-pod", start_time=time.time() - 3600)
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    assert index.match(child.pid) is None
+    assert Attributor(ProcFS(), registrations=index).attribute(child.pid).namespace == "local"
+
+
+def test_hook_written_record_is_understood(tmp_path, child):
+    """A record built by the real hook code (hooks/site/_gpulens_hook.py), pid swapped to the child's."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "hooks" / "site"))
+    try:
+        import _gpulens_hook as hook
+    finally:
+        sys.path.pop(0)
+    env = {"GPULENS_JOB_ID": "j", "GPULENS_POD_NAME": "hooked-pod", "GPULENS_NAMESPACE": "ns-h",
+           "GPULENS_CONTAINER_NAME": "c-h", "RANK": "0", "WORLD_SIZE": "1"}
+    rec = hook.build_record(env, child.pid, ["python", "train.py"], time.time())
+    rec["host_pid"] = child.pid
+    hook.write_atomically(str(tmp_path), hook.record_filename(rec), rec)
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    got = index.match(child.pid)
+    assert (got.namespace, got.pod, got.container) == ("ns-h", "hooked-pod", "c-h")
+
+
+@pytest.mark.parametrize("content", [
+    "not json", "[]", "{}", json.dumps({"namespace": "", "pod": "p", "pid": 5, "pid_namespace": "x"}),
+    json.dumps({"namespace": "n", "pod": "p", "pid": "5", "pid_namespace": "x"}),
+    json.dumps({"namespace": "n", "pod": "p", "pid": True, "pid_namespace": "x"}),
+    json.dumps({"namespace": "n", "pod": "p", "pid": 5, "pid_namespace": "x", "host_pid": -1}),
+    json.dumps({"namespace": "n", "pod": "p", "pid": 5, "pid_namespace": "x", "start_time": "yesterday"}),
+])
+def test_bad_files_are_counted_and_skipped(tmp_path, child, content):
+    (tmp_path / "bad.json").write_text(content)
+    registration(tmp_path, child.pid, "good")
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    index.refresh()                       # unchanged bad file: counted once
+    assert index.errors == 1 and index.invalid == {str(tmp_path / "bad.json")}
+    assert index.match(child.pid).pod == "good"
+    (tmp_path / "bad.json").unlink()
+    index.refresh()
+    assert index.invalid == set()
+
+
+def test_removed_and_rewritten_records_are_followed(tmp_path, child):
+    path = registration(tmp_path, child.pid, "first")
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    assert index.match(child.pid).pod == "first"
+    time.sleep(0.01)
+    registration(tmp_path, child.pid, "second-name")   # same file name, new content (size differs)
+    index.refresh()
+    assert index.match(child.pid).pod == "second-name"
+    path.unlink()
+    index.refresh()
+    assert index.match(child.pid) is None and len(index) == 0
+
+
+def test_missing_or_unreadable_directory(tmp_path):
+    index = RegistrationIndex(tmp_path / "nope", ProcFS())
+    index.refresh()
+    assert len(index) == 0 and index.errors == 0
+    f = tmp_path / "file"
+    f.write_text("")
+    index = RegistrationIndex(f, ProcFS())   # not a directory
+    index.refresh()
+    assert index.errors == 1 and index.last_error
+
+
+def test_no_record_and_no_kubernetes_means_local_and_process_name(child):
+    w = Attributor(ProcFS()).attribute(child.pid)
+    assert w == Workload("local", ProcFS().comm(child.pid), "", "local")
+    assert Attributor(ProcFS()).attribute(2 ** 22 + 7) is None     # no such process
+    assert os.path.exists(f"/proc/{child.pid}")
