@@ -33,7 +33,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _api_client(kubeconfig: str | None):
+    """In-cluster credentials (refreshed as the token rotates), else a kubeconfig. kopf logs in
+    the same way on its own: KUBECONFIG is set for it when --kubeconfig is given."""
     from kubernetes import client, config
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()
     else:
@@ -82,7 +86,8 @@ async def lead_and_reconcile(args: argparse.Namespace, cfg, stop: asyncio.Event)
     from .reconcile import Reconciler
 
     api_client = _api_client(args.kubeconfig)
-    reconciler = Reconciler(KubeApi(api_client), cfg)
+    api = KubeApi(api_client)
+    reconciler = Reconciler(api, cfg, captures=_captures_fetcher(api, cfg))
     le = cfg.leader_election
     elector = LeaseElector(api_client, cfg.namespace, le.lease_name, args.identity,
                            le.lease_duration_s, le.renew_period_s) if le.enabled else None
@@ -115,6 +120,24 @@ async def lead_and_reconcile(args: argparse.Namespace, cfg, stop: asyncio.Event)
         if elector is not None and not lost.is_set():
             await asyncio.to_thread(elector.release)
     return 1 if lost.is_set() else 0
+
+
+def _captures_fetcher(api, cfg):
+    """Reads coordinators' capture lists with the coordinator token from the operator's Secret."""
+    import base64
+    import binascii
+
+    from .captures_probe import http_captures
+    from .kube import KubeError
+
+    def fetch(endpoint: str):
+        try:
+            data = api.get_secret_data(cfg.namespace, cfg.tokens_secret) or {}
+            token = base64.b64decode(data.get("coordinator", "")).decode().strip()
+        except (KubeError, binascii.Error, UnicodeDecodeError):
+            return None
+        return http_captures(token)(endpoint) if token else None
+    return fetch
 
 
 def run(args: argparse.Namespace) -> int:

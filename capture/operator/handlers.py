@@ -22,10 +22,11 @@ def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | Non
     """A fresh registry (never kopf's global one) with our handlers bound to `reconciler`."""
     registry = kopf.OperatorRegistry()
 
-    if connection is not None:
-        @kopf.on.login(registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return connection
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A registry of our own carries no default login: use the kubernetes client's (in-cluster
+        # token, refreshed on every re-login, else $KUBECONFIG), unless a connection is given.
+        return connection if connection is not None else kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -8,7 +8,7 @@ and only a CaptureCoordinator's deletion (job gone, newer attempt) ends one.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gpulens.logs import get_logger
 
@@ -18,7 +18,7 @@ from .jobs import JobRef
 from .kube import KubeApi
 from .manifests import (coordinator_pod, coordinator_role_binding, coordinator_service, coordinator_service_account,
                         copied_secret, owner_reference_to)
-from .planning import JobPlan, coordinator_status, coordinators_by_job, group_pods, plan_job
+from .planning import JobPlan, coordinator_status, coordinators_by_job, group_pods, plan_job, summarize_captures
 
 __all__ = ["Reconciler"]
 
@@ -30,6 +30,8 @@ class Reconciler:
     """Holds the API door and the config; no other state, so any replica can pick up after another."""
     api: KubeApi
     config: OperatorConfig
+    #: endpoint -> the coordinator's `GET /v1/captures` answer (None: unavailable); resync only.
+    captures: Callable[[str], Mapping[str, Any] | None] | None = None
 
     # --- owners ----------------------------------------------------------------------------
     def _resolve_owner(self, job: JobRef) -> tuple[JobRef, bool | None]:
@@ -74,7 +76,7 @@ class Reconciler:
         for cc in self.api.list_coordinators():
             if not cc["metadata"].get("deletionTimestamp"):
                 self.ensure_children(cc)
-                self.refresh_status(cc)
+                self.refresh_status(cc, with_captures=True)
         return plans
 
     # --- applying --------------------------------------------------------------------------
@@ -148,11 +150,15 @@ class Reconciler:
         log.info("service.handed_over", namespace=ns, service=svc, coordinator=cc["metadata"]["name"])
         return [f"Service/{svc}(handover)"]
 
-    def refresh_status(self, cc: Mapping[str, Any]) -> dict[str, Any] | None:
+    def refresh_status(self, cc: Mapping[str, Any], with_captures: bool = False) -> dict[str, Any] | None:
         ns, name = cc["metadata"]["namespace"], cc["metadata"]["name"]
         pod = self.api.get_pod(ns, name)
         status = coordinator_status(cc, pod, self.config)
         old = dict(cc.get("status") or {})
+        if with_captures and self.captures is not None and status["phase"] == "Ready":
+            listing = self.captures(status["endpoint"])
+            if listing is not None:
+                status["lastCaptures"] = summarize_captures(listing)
         if all(old.get(k) == v for k, v in status.items()):
             return None
         return self.api.patch_coordinator_status(ns, name, status)

@@ -126,3 +126,13 @@ class Cluster:
 
     def coordinators(self, namespace: str | None = None) -> dict[str, dict]:
         return {o["metadata"]["name"]: o for o in self.list("CaptureCoordinator", namespace)}
+
+
+def free_port_pair() -> tuple[int, int]:
+    """Two distinct free ports on 127.0.0.1 (bound together, then released)."""
+    import socket
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        return a.getsockname()[1], b.getsockname()[1]

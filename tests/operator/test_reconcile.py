@@ -268,3 +268,62 @@ def test_coordinator_pod_command_follows_the_config(cluster, grafana):
     archive = next(s for s in cluster.list("Secret", "ml") if s["metadata"]["name"].endswith("-archive"))
     assert archive["data"] == {"AWS_ACCESS_KEY_ID": "eA=="}
     assert pod["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": archive["metadata"]["name"]}}]
+
+
+@pytest.fixture
+async def coordinator_double(port):
+    """Stands for a coordinator's `GET /v1/captures` (docs/ARCHITECTURE.md, "Coordinator API"):
+    Bearer token required, JSON `{"captures": [summary...]}`."""
+    from aiohttp import web
+
+    async def captures(request):
+        if request.headers.get("Authorization") != "Bearer coordinator-token":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response({"captures": [
+            {"capture_id": "c-20261129t074001-aaaaaaaa", "phase": "converged", "fully_succeeded": True,
+             "manifest_uri": "s3://traces/gpulens/ml/llama/0/c-20261129t074001-aaaaaaaa/manifest.json"},
+            {"capture_id": "c-20261129t080000-bbbbbbbb", "phase": "capturing"},
+            {"bogus": True}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/captures", captures)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("token,reachable", [("coordinator-token", True), ("wrong", True), ("coordinator-token", False)])
+async def test_last_captures_come_from_the_coordinator_api(cluster, config, coordinator_double, token, reachable):
+    import asyncio
+
+    from capture.operator.captures_probe import http_captures
+
+    cluster.tokens()
+    target = coordinator_double if reachable else "http://127.0.0.1:9"
+    fetch = http_captures(token, timeout_s=5, rewrite=lambda endpoint: target)
+    r = Reconciler(KubeApi(cluster.api.api_client()), config, captures=fetch)
+
+    def scenario():
+        job = cluster.job("ml", "llama")
+        cluster.pod("ml", "llama-0", job=job)
+        r.reconcile_job("ml", "llama")
+        cluster.core.patch_namespaced_pod_status(
+            "gpulens-llama-a0", "ml", {"status": {"phase": "Running",
+                                                  "conditions": [{"type": "Ready", "status": "True"}]}},
+            _content_type="application/merge-patch+json", _preload_content=False)
+        r.resync()
+        return cluster.coordinators("ml")["gpulens-llama-a0"]["status"]
+
+    status = await asyncio.to_thread(scenario)      # the double serves on this test's event loop
+    assert status["phase"] == "Ready"
+    if token == "coordinator-token" and reachable:
+        assert status["lastCaptures"] == [
+            {"captureId": "c-20261129t080000-bbbbbbbb", "phase": "capturing"},
+            {"captureId": "c-20261129t074001-aaaaaaaa", "phase": "converged", "fullySucceeded": True,
+             "manifestUri": "s3://traces/gpulens/ml/llama/0/c-20261129t074001-aaaaaaaa/manifest.json"}]
+        from ..helm.chart import validate
+        validate(cluster.coordinators("ml")["gpulens-llama-a0"])     # the status fits the CRD schema
+    else:
+        assert "lastCaptures" not in status          # refused or unreachable: nothing invented

@@ -1,0 +1,193 @@
+"""Arming a trainer pod: the JSON Patch the webhook returns, applied with a real RFC 6902
+implementation (jsonpatch), gives a valid Pod with the hook, its environment, volumes and labels,
+and leaves everything the pod already had in place."""
+
+from __future__ import annotations
+
+import copy
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+
+from capture.operator import labels as L
+from capture.operator.arming import arm_pod
+from capture.operator.config import ArmingConfig
+from capture.operator.jobs import job_of_pod
+
+CFG = ArmingConfig()
+IMAGE = "registry.example.com/gpulens:0.1.0"
+HOOK_ENV = {"PYTHONPATH", "GPULENS_JOB_ID", "GPULENS_ATTEMPT", "GPULENS_REGISTRY_DIR", "GPULENS_TRACE_DIR",
+            "GPULENS_SOCKET_DIR", "GPULENS_POD_NAME", "GPULENS_NAMESPACE", "GPULENS_POD_UID", "GPULENS_NODE_NAME",
+            "GPULENS_CONTAINER_NAME"}
+
+
+def job_pod(**over) -> dict:
+    """A pod as the Job controller submits it (generateName, owner reference, job labels)."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"generateName": "llama-", "namespace": "ml",
+                        "labels": {"batch.kubernetes.io/job-name": "llama", "job-name": "llama",
+                                   "batch.kubernetes.io/controller-uid": "u-1"},
+                        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "llama", "uid": "u-1",
+                                             "controller": True, "blockOwnerDeletion": True}]},
+           "spec": {"restartPolicy": "Never",
+                    "containers": [{"name": "trainer", "image": "pytorch:2.13",
+                                    "command": ["torchrun", "--nproc-per-node=8", "train.py"],
+                                    "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                                    "env": [{"name": "PYTHONPATH", "value": "/workspace/src"}]},
+                                   {"name": "log-shipper", "image": "fluent-bit:3"}]}}
+    for k, v in over.items():
+        pod[k] = v
+    return pod
+
+
+def armed(pod: dict) -> dict:
+    result = arm_pod(pod, "ml", CFG, IMAGE)
+    assert result.patch, result.reason
+    return jsonpatch.apply_patch(pod, result.patch)
+
+
+def _env(container: dict) -> dict:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_arming_a_job_pod_adds_exactly_the_hook_pieces():
+    pod = job_pod()
+    original = copy.deepcopy(pod)
+    out = armed(pod)
+    assert pod == original                                      # the input is not mutated
+    meta = out["metadata"]
+    assert meta["labels"][L.ARMED] == "true"
+    assert meta["labels"][L.JOB] == "llama" and meta["labels"][L.ATTEMPT] == "0"
+    assert meta["annotations"][L.LOCAL_WORLD_SIZE] == "8"       # from the GPU limit
+    trainer, shipper = out["spec"]["containers"]
+    assert set(_env(trainer)) == HOOK_ENV
+    assert _env(trainer)["PYTHONPATH"]["value"] == "/opt/gpulens/hook:/workspace/src"
+    assert _env(trainer)["GPULENS_JOB_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.labels['gpulens.dev/job']"}}
+    assert _env(trainer)["GPULENS_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert _env(trainer)["GPULENS_CONTAINER_NAME"]["value"] == "trainer"
+    assert shipper == original["spec"]["containers"][1]         # only the first container by default
+    mounts = {m["mountPath"]: m["name"] for m in trainer["volumeMounts"]}
+    assert mounts == {"/opt/gpulens/hook": "gpulens-hook", "/var/lib/gpulens/registry": "gpulens-registry",
+                      "/var/lib/gpulens/traces": "gpulens-traces", "/run/gpulens": "gpulens-sockets"}
+    vols = {v["name"]: v for v in out["spec"]["volumes"]}
+    assert vols["gpulens-hook"] == {"name": "gpulens-hook", "emptyDir": {}}
+    assert vols["gpulens-sockets"]["hostPath"] == {"path": "/run/gpulens", "type": "DirectoryOrCreate"}
+    (init,) = out["spec"]["initContainers"]
+    assert init["image"] == IMAGE and "gpulens hook-path" in init["command"][-1]
+    assert init["securityContext"]["runAsNonRoot"] is True
+    # Everything else is unchanged.
+    for key in ("restartPolicy",):
+        assert out["spec"][key] == original["spec"][key]
+    assert trainer["command"] == original["spec"]["containers"][0]["command"]
+    out["metadata"]["name"] = "llama-x7k2p"
+    kubernetes_validate.validate(out, "1.30", strict=True)
+
+
+def test_the_job_id_the_hook_reads_is_the_one_the_operator_groups_by():
+    out = armed(job_pod())
+    job = job_of_pod(out)
+    assert job.job_id == out["metadata"]["labels"][L.JOB] == "llama"
+    assert job.owner.kind == "Job" and job.owner.uid == "u-1"     # still garbage-collected with the Job
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "jobset", "label"])
+def test_other_job_kinds_are_recognised(kind):
+    pod = job_pod()
+    meta = pod["metadata"]
+    meta["labels"] = {}
+    if kind == "pytorchjob":
+        meta["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert", "uid": "p"}]
+        meta["labels"] = {"training.kubeflow.org/job-name": "bert", "training.kubeflow.org/replica-type": "worker"}
+        want = "bert"
+    elif kind == "jobset":
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "gpt-workers-0", "uid": "c"}]
+        meta["labels"] = {"jobset.sigs.k8s.io/jobset-name": "gpt", "jobset.sigs.k8s.io/jobset-uid": "js",
+                          "jobset.sigs.k8s.io/restart-attempt": "2", "batch.kubernetes.io/job-name": "gpt-workers-0"}
+        want = "gpt"
+    else:
+        del meta["ownerReferences"]
+        meta["labels"] = {L.JOB: "sweep-17"}
+        want = "sweep-17"
+    out = armed(pod)
+    assert out["metadata"]["labels"][L.JOB] == want
+    if kind == "jobset":
+        assert out["metadata"]["labels"][L.ATTEMPT] == "2"          # JobSet restarts are attempts
+        assert job_of_pod(out).owner.kind == "JobSet" and job_of_pod(out).owner.uid == "js"
+
+
+def test_a_long_job_name_becomes_a_valid_label_value():
+    pod = job_pod()
+    long = "x" * 70
+    pod["metadata"]["labels"] = {}
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": long, "uid": "p"}]
+    out = armed(pod)
+    value = out["metadata"]["labels"][L.JOB]
+    assert L.is_label_value(value) and value != long
+    assert job_of_pod(out).job_id == value
+
+
+@pytest.mark.parametrize("case", ["not-a-job", "opted-out", "already-armed", "no-containers"])
+def test_pods_left_alone(case):
+    pod = job_pod()
+    if case == "not-a-job":
+        pod["metadata"] = {"name": "web", "labels": {"app": "web"}}
+    elif case == "opted-out":
+        pod["metadata"]["labels"][L.ARM_OPT_OUT] = "false"
+    elif case == "already-armed":
+        pod = armed(pod)
+    else:
+        pod["spec"]["containers"] = []
+    result = arm_pod(pod, "ml", CFG, IMAGE)
+    assert result.patch == []
+    assert result.reason in {"not part of a job", "opted out", "already armed", "no containers"}
+
+
+def test_arming_twice_changes_nothing_the_second_time():
+    once = armed(job_pod())
+    assert arm_pod(once, "ml", CFG, IMAGE).patch == []
+
+
+def test_user_settings_win_over_ours():
+    pod = job_pod()
+    c = pod["spec"]["containers"][0]
+    c["env"] += [{"name": "GPULENS_TRACE_DIR", "value": "/scratch/traces"}]
+    pod["metadata"]["labels"][L.ATTEMPT] = "3"
+    pod["metadata"]["annotations"] = {L.LOCAL_WORLD_SIZE: "4"}
+    out = armed(pod)
+    env = _env(out["spec"]["containers"][0])
+    assert env["GPULENS_TRACE_DIR"]["value"] == "/scratch/traces"
+    assert [e["name"] for e in out["spec"]["containers"][0]["env"]].count("GPULENS_TRACE_DIR") == 1
+    assert out["metadata"]["labels"][L.ATTEMPT] == "3"
+    assert out["metadata"]["annotations"][L.LOCAL_WORLD_SIZE] == "4"
+
+
+def test_chosen_containers_and_warnings():
+    pod = job_pod()
+    pod["metadata"]["annotations"] = {L.CONTAINERS: "log-shipper, ghost"}
+    result = arm_pod(pod, "ml", CFG, IMAGE)
+    out = jsonpatch.apply_patch(pod, result.patch)
+    assert "GPULENS_JOB_ID" not in _env(out["spec"]["containers"][0])
+    assert "GPULENS_JOB_ID" in _env(out["spec"]["containers"][1])
+    assert any("ghost" in w for w in result.warnings)
+
+
+def test_pythonpath_from_a_reference_is_reported_not_broken():
+    pod = job_pod()
+    pod["spec"]["containers"][0]["env"] = [{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "c",
+                                                                                                 "key": "p"}}}]
+    result = arm_pod(pod, "ml", CFG, IMAGE)
+    out = jsonpatch.apply_patch(pod, result.patch)
+    assert _env(out["spec"]["containers"][0])["PYTHONPATH"] == pod["spec"]["containers"][0]["env"][0]
+    assert any("PYTHONPATH" in w for w in result.warnings)
+
+
+def test_patch_applies_to_a_pod_without_labels_or_volumes():
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml",
+                                                          "labels": {L.JOB: "adhoc"}},
+           "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    del pod["metadata"]["namespace"]
+    out = armed(pod)
+    assert [v["name"] for v in out["spec"]["volumes"]] == ["gpulens-hook", "gpulens-registry", "gpulens-traces",
+                                                            "gpulens-sockets"]
+    assert out["metadata"]["annotations"] == {L.LOCAL_WORLD_SIZE: "1"}

@@ -1,0 +1,148 @@
+"""What the operator and the chart hand to other components is what those components accept:
+objects valid for their kinds, command lines within docs/ARCHITECTURE.md's "Command-line
+contract" (and, where a component is built, accepted by its own argument parser), and an
+operator config the operator loads."""
+
+from __future__ import annotations
+
+import re
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from capture.operator import labels as L
+from capture.operator.config import ConfigError, OperatorConfig
+from capture.operator.jobs import job_of_pod
+from capture.operator.manifests import (coordinator_args, coordinator_pod, coordinator_resource, coordinator_role_binding,
+                                        coordinator_service, coordinator_service_account, copied_secret)
+from gpulens.cli import build_subparser
+
+from ..helm.chart import REPO, containers, one, render, validate
+from ..helm.value_sets import VALUE_SETS
+from .conftest import operator_config
+
+
+def _contract_flags() -> dict[str, set[str]]:
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    block = text.split("## Command-line contract", 1)[1].split("```", 2)[1]
+    flags: dict[str, set[str]] = {}
+    current = None
+    for line in block.splitlines():
+        m = re.match(r"gpulens (\w[\w-]*)", line)
+        if m:
+            current = m.group(1)
+        if current:
+            flags.setdefault(current, set()).update(re.findall(r"--[a-z][a-z0-9-]*", line))
+    return flags
+
+
+def _flags(args: list[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+
+def _sample_cc(config=None, **pod_over):
+    config = config or operator_config()
+    pod = {"metadata": {"name": "llama-0", "namespace": "ml",
+                        "labels": {L.ARMED: "true", L.JOB: "llama", L.ATTEMPT: "2"},
+                        "annotations": {L.LOCAL_WORLD_SIZE: "8", L.WORLD_SIZE: "32"},
+                        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "llama", "uid": "u1"}]}}
+    pod["metadata"].update(pod_over)
+    cc = coordinator_resource(job_of_pod(pod), 2, [pod], config)
+    cc["metadata"]["uid"] = "cc-uid"
+    return cc
+
+
+def test_everything_the_operator_creates_is_valid():
+    config = operator_config(coordinator={"archive_root": "s3://b/p", "grafana_url": "https://g.example.com",
+                                          "archive_secret": "s3", "capture_defaults": {"duration_ms": 3000},
+                                          "tolerations": [{"key": "k", "operator": "Exists"}],
+                                          "node_selector": {"pool": "infra"}})
+    cc = _sample_cc(config)
+    assert validate(cc) == "crd-schema"
+    assert cc["spec"]["worldSize"] == 32 and cc["spec"]["localWorldSize"] == 8
+    assert cc["spec"]["captureDefaults"] == {"durationMs": 3000}
+    for body in (coordinator_pod(cc, config), coordinator_service(cc, config), coordinator_service_account(cc, config),
+                 coordinator_role_binding(cc, config), copied_secret(cc, "tokens", {"agent": "YQ=="})):
+        for version in ("1.27", "1.36"):
+            kubernetes_validate.validate(body, version, strict=True)
+
+
+def test_coordinator_command_line_is_within_the_contract():
+    cc = _sample_cc(operator_config(coordinator={"archive_root": "s3://b/p", "grafana_url": "https://g",
+                                                 "s3_endpoint": "http://minio:9000"}))
+    args = coordinator_args(cc, operator_config())
+    assert args[:2] == ["gpulens", "coordinator"]
+    assert _flags(args) <= _contract_flags()["coordinator"]
+    assert args[args.index("--selector") + 1] == "gpulens.dev/armed=true,gpulens.dev/attempt=2,gpulens.dev/job=llama"
+    assert args[args.index("--discovery") + 1] == "kubernetes"
+    assert args[args.index("--agent-url-template") + 1] == "http://{node_ip}:9451"
+
+
+def _parser_or_skip(name: str):
+    parser, _ = build_subparser(name)
+    known = {a for action in parser._actions for a in action.option_strings}
+    if known <= {"-h", "--help", "--log-level"}:
+        pytest.skip(f"`gpulens {name}` is not built yet in this checkout: its parser cannot be checked")
+    return parser
+
+
+def test_the_coordinator_accepts_what_the_operator_passes():
+    parser = _parser_or_skip("coordinator")
+    parser.parse_args(coordinator_args(_sample_cc(), operator_config())[2:])
+
+
+@pytest.mark.parametrize("component,workload,container", [
+    ("exporter", "-node", "exporter"), ("agent", "-node", "agent"), ("gateway", "-gateway", "gateway"),
+    ("operator", "-operator", "operator")])
+def test_chart_command_lines_are_within_the_contract_and_parse(component, workload, container):
+    objs = render(VALUE_SETS["everything"])
+    kind = "DaemonSet" if workload == "-node" else "Deployment"
+    c = containers(one(objs, kind, workload))[container]
+    assert c["command"] == ["gpulens"] and c["args"][0] == component
+    args = [a.replace("$(GPULENS_NODE_NAME)", "gpu-node-1") for a in c["args"][1:]]
+    if component != "operator":
+        extras = {"--log-level"}
+        assert _flags(args) - extras <= _contract_flags()[component], component
+    parser = _parser_or_skip(component)
+    parser.parse_args(args)
+
+
+@pytest.mark.parametrize("set_name", sorted(VALUE_SETS))
+def test_the_chart_operator_config_loads(set_name):
+    objs = render(VALUE_SETS[set_name])
+    cms = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-operator")]
+    if not cms:
+        assert VALUE_SETS[set_name].get("operator", {}).get("enabled") is False
+        return
+    cfg = OperatorConfig.from_dict(yaml.safe_load(cms[0]["data"]["operator.yaml"]))
+    values = {**{"archive": {"root": "s3://gpulens/captures"}}, **VALUE_SETS[set_name]}
+    assert cfg.coordinator.archive_root == values["archive"]["root"]
+    assert cfg.arming.socket_dir == values.get("node", {}).get("paths", {}).get("sockets", "/run/gpulens")
+    # The arming config uses the same host folders as the DaemonSet mounts for the agent.
+    agent = containers(one(objs, "DaemonSet", "-node"))["agent"]
+    mounted = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {cfg.arming.registry_dir, cfg.arming.trace_dir, cfg.arming.socket_dir} <= mounted
+
+
+@pytest.mark.parametrize("change,where", [
+    ({"image": ""}, "image"),
+    ({"coordinator": {"archive_root": "bucket"}}, "coordinator/archive_root"),
+    ({"arming": {"socket_dir": "/run/" + "x" * 60}}, "arming/socket_dir"),
+    ({"leader_election": {"lease_name": "x", "surprise": 1}}, "leader_election"),
+])
+def test_a_bad_operator_config_names_the_field(change, where):
+    data = {"namespace": "ns", "image": "i", "tokens_secret": "t", "coordinator": {"archive_root": "s3://b/p"}}
+    data.update(change)
+    with pytest.raises(ConfigError) as err:
+        OperatorConfig.from_dict(data)
+    assert where in str(err.value)
+
+
+def test_names_are_valid_and_distinct_for_awkward_job_ids():
+    ids = ["llama", "Llama", "llama_v2", "a" * 63, "a" * 62 + "b", "7b-run", "x.y"]
+    names = {L.coordinator_name(i, 0) for i in ids}
+    assert len(names) == len(ids)
+    for n in names | {L.service_name(i) for i in ids}:
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) and len(n) <= 63, n
+    assert L.coordinator_name("llama", 0) == "gpulens-llama-a0" and L.service_name("llama") == "gpulens-llama"
