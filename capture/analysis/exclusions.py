@@ -15,3 +15,4 @@ class Exclusion(str, Enum):
     DUPLICATE_RANK = "duplicate_rank"        # an earlier artifact of the manifest already holds this rank
     CLOCK_MISMATCH = "clock_mismatch"        # not on the clock base of the other ranks: not the same job/window
     WORLD_SIZE_MISMATCH = "world_size_mismatch"  # distributedInfo.world_size differs from the other ranks'
+    HTA_PARSE_FAILED = "hta_parse_failed"    # passed our checks, but HTA's parser raised or its worker died

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from capture.archive import join_uri
 from gpulens.logs import EventLogger, get_logger
@@ -23,7 +25,7 @@ from .analyses import DEFAULT_ANALYSES, Analysis
 from .exclusions import Exclusion
 from .fetching import Fetched, fetch_artifacts
 from .manifest_reading import ManifestInput, read_manifest
-from .rank_selection import plan_ranks
+from .rank_selection import RankPlan, plan_ranks
 from .running import FAILED, AnalysisResult, run_analyses
 from .summary import build_summary, summary_json
 from .trace_inspection import DEFAULT_MAX_TRACE_BYTES, InspectJob, Inspected, inspect_trace
@@ -78,7 +80,7 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
             log.warning("rank.missing", rank=e.rank, target_id=e.target_id, reason=e.reason)
         contents, results = None, []
         if plan.analysed:
-            contents, results = _analyse(plan.analysed, str(Path(work) / "hta"), options.jobs, analyses, log)
+            plan, contents, results = _analyse(plan, str(Path(work) / "hta"), options.jobs, analyses, log)
         summary = build_summary(source, plan, contents, results, hta_version(), summary_uri, report_uri)
 
     from .report_html import render_report
@@ -89,19 +91,22 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
     return AnalysisRun(summary, summary_uri, report_uri)
 
 
-def _analyse(files: dict[int, str], trace_dir: str, jobs: int, analyses: list[Analysis], log: EventLogger):
+def _analyse(plan: RankPlan, trace_dir: str, jobs: int, analyses: list[Analysis], log: EventLogger):
     from .contents import describe
     from .hta_loading import facade, load_trace
     try:
-        trace = load_trace(files, trace_dir, jobs, log)
-        contents = describe(trace)
+        loaded = load_trace(plan.analysed, trace_dir, jobs, log)
+        plan = plan.excluding(loaded.failed, Exclusion.HTA_PARSE_FAILED)
+        if loaded.trace is None:
+            return plan, None, []
+        contents = describe(loaded.trace)
     except Exception as exc:  # noqa: BLE001 - HTA raises bare builtins; the report must still say why
         error = f"loading the traces into HTA failed: {type(exc).__name__}: {exc}"[:500]
         log.error("traces.load_failed", error=error)
-        return None, [AnalysisResult(a.name, a.title, FAILED, error) for a in analyses]
+        return plan, None, [AnalysisResult(a.name, a.title, FAILED, error) for a in analyses]
     log.info("traces.described", kind=contents.kind, ranks=len(contents.ranks), gpu_ranks=len(contents.gpu_ranks),
              comm_ranks=len(contents.comm_ranks), profiler_steps=len(contents.profiler_steps))
-    return contents, run_analyses(facade(trace), contents, analyses, log)
+    return plan, contents, run_analyses(facade(loaded.trace), contents, analyses, log)
 
 
 def _inspect_all(fetched: list[Fetched], hta_dir: Path, options: AnalyzeOptions, log: EventLogger) -> list[Inspected]:
@@ -118,20 +123,43 @@ def _inspect_all(fetched: list[Fetched], hta_dir: Path, options: AnalyzeOptions,
             sub.mkdir()
             jobs.append((i, InspectJob(a.rank, a.target_id, str(f.path), a.sha256, a.size, str(sub),
                                        options.max_trace_bytes)))
-    if jobs:
-        # fork: workers parse one trace each (several times its size in memory), the parent stays small
-        with mp.get_context("fork").Pool(max(1, min(options.jobs, len(jobs))), maxtasksperchild=4) as pool:
-            for n, result in enumerate(pool.imap(inspect_trace, [j for _, j in jobs]), 1):
-                i = jobs[n - 1][0]
-                results[i] = result
-                if result.exclusion is None:
-                    log.info("artifact.verified", target_id=result.target_id, rank=result.rank,
-                             progress=f"{n}/{len(jobs)}", events=result.facts.complete_events,
-                             gpu_events=result.facts.gpu_events, rank_inserted=result.facts.distributed_rank is None)
-                else:
-                    log.warning("artifact.rejected", target_id=result.target_id, rank=result.rank,
-                                progress=f"{n}/{len(jobs)}", reason=result.exclusion.value, detail=result.detail)
+    for n, (i, result) in enumerate(_inspect_in_workers(jobs, options.jobs), 1):
+        results[i] = result
+        if result.exclusion is None:
+            log.info("artifact.verified", target_id=result.target_id, rank=result.rank,
+                     progress=f"{n}/{len(jobs)}", events=result.facts.complete_events,
+                     gpu_events=result.facts.gpu_events, rank_inserted=result.facts.rank_inserted)
+        else:
+            log.warning("artifact.rejected", target_id=result.target_id, rank=result.rank,
+                        progress=f"{n}/{len(jobs)}", reason=result.exclusion.value, detail=result.detail)
     return [results[i] for i in range(len(fetched))]
+
+
+def _inspect_in_workers(jobs: list[tuple[int, InspectJob]], workers: int) -> Iterator[tuple[int, Inspected]]:
+    """Fork workers parse one trace each (several times its size in memory); the parent stays small.
+
+    A worker that dies (the OOM killer, a crash in a C extension) breaks its pool: every job it
+    took down is retried alone in a fresh one-worker pool, so only the file that kills its worker
+    is excluded, and nothing waits forever for a result that will never come.
+    """
+    if not jobs:
+        return
+    retry: list[tuple[int, InspectJob]] = []
+    with ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=mp.get_context("fork")) as pool:
+        futures = {pool.submit(inspect_trace, job): (i, job) for i, job in jobs}
+        for fut in as_completed(futures):
+            i, job = futures[fut]
+            try:
+                yield i, fut.result()
+            except BrokenProcessPool:
+                retry.append((i, job))
+    for i, job in sorted(retry, key=lambda r: r[0]):
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as pool:
+            try:
+                yield i, pool.submit(inspect_trace, job).result()
+            except BrokenProcessPool:
+                yield i, Inspected(job.rank, job.target_id, exclusion=Exclusion.UNREADABLE,
+                                   detail="the worker inspecting this trace died (killed, e.g. out of memory)")
 
 
 def _output_uris(source: ManifestInput, options: AnalyzeOptions) -> tuple[str, str]:

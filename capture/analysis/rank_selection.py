@@ -13,7 +13,7 @@ archived artifact are reported as missing with the manifest's failure reason.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from capture.models import Artifact, Manifest
 
@@ -49,6 +49,11 @@ class RankPlan:
 
     def with_status(self, status: str) -> list[RankEntry]:
         return [e for e in self.entries if e.status == status]
+
+    def excluding(self, failed: dict[int, str], reason: Exclusion) -> "RankPlan":
+        """The same plan with the analysed ranks in `failed` moved to excluded, with their detail."""
+        return RankPlan([replace(e, status="excluded", reason=reason.value, detail=failed[e.rank], hta_path=None)
+                         if e.status == "analysed" and e.rank in failed else e for e in self.entries])
 
 
 def plan_ranks(manifest: Manifest, inspected: list[Inspected]) -> RankPlan:

@@ -126,6 +126,9 @@ def inspect_trace(job: InspectJob) -> Inspected:
     except MemoryError:
         return Inspected(job.rank, job.target_id, exclusion=Exclusion.UNREADABLE,
                          detail="out of memory while parsing the trace")
+    except Exception as exc:  # noqa: BLE001 - one odd file must cost its rank, not the whole analysis
+        return Inspected(job.rank, job.target_id, exclusion=Exclusion.UNREADABLE,
+                         detail=f"inspection failed: {type(exc).__name__}: {exc}"[:500])
 
 
 def _check_digest(job: InspectJob) -> None:
