@@ -56,7 +56,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     from aiohttp import web
 
     from .config import load_config
-    from .webhook import make_app, tls_context
+    from .webhook import make_app, reload_certificates, tls_context
 
     cfg = load_config(args.config)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -68,12 +68,17 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     ssl_ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     await web.TCPSite(runner, host, port, ssl_context=ssl_ctx).start()
     log.info("server.listening", listen=args.listen, webhook=bool(ssl_ctx))
+    reloader = asyncio.create_task(reload_certificates(ssl_ctx, args.tls_cert, args.tls_key, stop)) \
+        if ssl_ctx else None
     try:
         if args.no_reconcile:
             await stop.wait()
             return 0
         return await lead_and_reconcile(args, cfg, stop)
     finally:
+        stop.set()
+        if reloader is not None:
+            await reloader
         await runner.cleanup()
 
 

@@ -24,9 +24,12 @@ def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | Non
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # A registry of our own carries no default login: use the kubernetes client's (in-cluster
-        # token, refreshed on every re-login, else $KUBECONFIG), unless a connection is given.
-        return connection if connection is not None else kopf.login_via_client(**kwargs)
+        # A registry of our own carries no default login. In a pod: the service-account token,
+        # re-read on every re-login (tokens rotate). Elsewhere: $KUBECONFIG, read at call time
+        # (the kubernetes client reads it once at import, before `--kubeconfig` could set it).
+        if connection is not None:
+            return connection
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -34,6 +37,9 @@ def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | Non
         settings.watching.server_timeout = 300            # re-list every few minutes
         settings.watching.client_timeout = 330
         settings.networking.error_backoffs = [1, 2, 5, 10]
+        # Server-side filtering: watch only pods that carry gpulens.dev/armed (armed trainers
+        # have "true", our coordinator pods "false"), not every pod of the cluster.
+        settings.watching.label_selectors["v1", "pods"] = L.ARMED
 
     @kopf.on.event("v1", "pods", labels={L.ARMED: "true"}, registry=registry)
     def armed_pod_changed(body: kopf.Body, namespace: str | None, **_: Any) -> None:

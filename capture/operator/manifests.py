@@ -161,9 +161,12 @@ def coordinator_pod(cc: Mapping[str, Any], config: OperatorConfig) -> dict[str, 
         pod_spec["tolerations"] = [dict(t) for t in c.tolerations]
     if c.priority_class_name:
         pod_spec["priorityClassName"] = c.priority_class_name
+    # `gpulens.dev/armed: "false"`: the operator watches pods with a server-side selector on that
+    # label's existence, so it sees armed trainers and its own coordinators and no other pod.
+    pod_labels = {**_labels(spec["jobId"], spec["attempt"], meta["name"]), L.ARMED: "false"}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": names["pod"], "namespace": meta["namespace"],
-                         "labels": _labels(spec["jobId"], spec["attempt"], meta["name"]),
+                         "labels": pod_labels,
                          "ownerReferences": [owner_reference_to(cc)]},
             "spec": pod_spec}
 

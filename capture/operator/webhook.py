@@ -10,8 +10,10 @@ which is why it needs no authentication beyond the API server's TLS connection.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import os
 import ssl
 from typing import Any, Mapping
 
@@ -22,7 +24,7 @@ from gpulens.logs import get_logger
 from .arming import arm_pod
 from .config import ArmingConfig
 
-__all__ = ["review_response", "make_app", "tls_context", "MAX_BODY"]
+__all__ = ["review_response", "make_app", "tls_context", "reload_certificates", "MAX_BODY"]
 
 log = get_logger("webhook")
 
@@ -105,3 +107,37 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
     return ctx
+
+
+def _stamp(*paths: str) -> tuple:
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)                    # follows the Secret volume's symlinks
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+async def reload_certificates(ctx: ssl.SSLContext, cert_file: str, key_file: str, stop: asyncio.Event,
+                              interval_s: float = 30.0) -> None:
+    """Load a renewed certificate (cert-manager rotates it in the mounted Secret) into the live
+    context: new TLS handshakes use it, no restart needed. A half-written pair is retried later."""
+    seen = _stamp(cert_file, key_file)
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+            return
+        except asyncio.TimeoutError:
+            pass
+        now = _stamp(cert_file, key_file)
+        if now == seen or None in now:
+            continue
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("tls.reload_failed", reason=type(exc).__name__)
+            continue
+        seen = now
+        log.info("tls.reloaded", cert=cert_file)

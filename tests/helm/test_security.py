@@ -29,9 +29,10 @@ def test_exporter_gets_bpf_perfmon_ptrace_and_nothing_else_by_default():
 
 
 def test_sys_admin_only_when_asked_for():
-    c = containers(one(render({"exporter": {"sysAdmin": True}}), "DaemonSet", "-node"))
+    c = containers(one(render({"exporter": {"sysAdmin": True}, "agent": {"extraCapabilities": ["FOWNER"]}}),
+                       "DaemonSet", "-node"))
     assert _caps(c["exporter"]) == {"BPF", "PERFMON", "SYS_PTRACE", "SYS_ADMIN"}
-    assert "SYS_ADMIN" not in _caps(c["agent"])
+    assert _caps(c["agent"]) == {"DAC_READ_SEARCH", "SYS_PTRACE", "FOWNER"}
 
 
 @pytest.mark.parametrize("set_name", sorted(VALUE_SETS))

@@ -17,6 +17,7 @@ BAD = {
     "socket-dir-relative": ({"node": {"paths": {"sockets": "run/gpulens"}}}, "/node/paths/sockets"),
     "unknown-trigger": ({"agent": {"trigger": "magic"}}, "/agent/trigger"),
     "sys-admin-sneaked-in": ({"exporter": {"extraCapabilities": ["SYS_ADMIN"]}}, "/exporter/extraCapabilities"),
+    "agent-sys-admin": ({"agent": {"extraCapabilities": ["SYS_ADMIN"]}}, "/agent/extraCapabilities"),
     "failure-policy": ({"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
     "tls-mode": ({"webhook": {"tls": {"mode": "self"}}}, "/webhook/tls/mode"),
     "bad-interval": ({"monitoring": {"podMonitor": {"interval": "often"}}}, "/monitoring/podMonitor/interval"),

@@ -148,3 +148,5 @@ def test_two_replicas_one_leader_failover_and_webhook(tmp_path, apiserver, clust
     _wait(lambda: "gpulens-mistral-a0" in cluster.names("Pod", "ml"), "the new leader to reconcile")
     assert "gpulens-llama-a0" in cluster.names("Pod", "ml")      # the failover touched nothing running
     assert procs[1].stop() == 0, procs[1].text()[-3000:]
+    for p in procs:
+        assert "Traceback" not in p.text(), p.text()[-3000:]

@@ -77,6 +77,9 @@ def test_kopf_operator_follows_jobs_through_their_life(apiserver, cluster, opera
     _wait(lambda: set(cluster.coordinators("ml")) == {"gpulens-mistral-a0"}, "the deleted job's coordinator to go")
     assert "gpulens-mistral" in cluster.names("Service", "ml") and "gpulens-llama" not in cluster.names("Service", "ml")
 
+    # kopf watched pods with a server-side selector, not every pod in the cluster.
+    pod_watches = [r for r in apiserver.server.log if r[1] == "/api/v1/pods" and "watch=true" in r[2]]
+    assert pod_watches and all("labelSelector=gpulens.dev/armed" in r[2] for r in pod_watches)
     # kopf never wrote to a trainer pod (no annotations, no finalizers): only our reconciler wrote.
     test_agent = cluster.core.api_client.user_agent
     trainer_writes = [r for r, ua in zip(apiserver.server.log, apiserver.server.agents)

@@ -129,3 +129,43 @@ async def test_without_the_webhook_there_is_no_mutate_endpoint(port):
                 assert resp.status == 200
     finally:
         await runner.cleanup()
+
+
+async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path, port):
+    """cert-manager rewrites the Secret volume; new handshakes must present the new certificate."""
+    import asyncio
+
+    from capture.operator.webhook import reload_certificates
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    ca1, cert, key = make_certs(first)
+    ca2, cert2, key2 = make_certs(second)
+    ctx = tls_context(str(cert), str(key))
+    runner = web.AppRunner(make_app(ArmingConfig(), IMAGE))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ctx).start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(reload_certificates(ctx, str(cert), str(key), stop, interval_s=0.05))
+
+    async def healthy_with(ca) -> bool:
+        conn = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(ca)), force_close=True)
+        async with aiohttp.ClientSession(connector=conn) as s:
+            try:
+                async with s.get(f"https://127.0.0.1:{port}/healthz") as resp:
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+    try:
+        assert await healthy_with(ca1) and not await healthy_with(ca2)
+        key.write_bytes(key2.read_bytes())
+        cert.write_bytes(cert2.read_bytes())
+        for _ in range(400):
+            if await healthy_with(ca2):
+                break
+            await asyncio.sleep(0.05)
+        assert await healthy_with(ca2) and not await healthy_with(ca1)
+    finally:
+        stop.set()
+        await task
+        await runner.cleanup()
