@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("manifest.refused", uri=args.manifest_uri, reason=exc.code, detail=str(exc))
         print(f"gpulens analyze: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except ArchiveError as exc:
+    except (ArchiveError, OSError) as exc:  # the archive (or --out) refused the outputs, or no temp space
         log.error("analysis.write_failed", uri=args.manifest_uri, error=str(exc))
         print(f"gpulens analyze: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -101,3 +101,12 @@ def test_refusal_codes(builder, tmp_path):
     with pytest.raises(ManifestRefused, match="cannot read manifest") as exc:
         analyze_manifest((tmp_path / "nowhere" / "manifest.json").as_uri())
     assert exc.value.code == "unreadable"
+
+
+def test_unwritable_output_is_exit_1_with_the_reason(builder, trace_filter, tmp_path):
+    capture = builder().add(0, trace_filter[0]).write()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where --out wants a folder")
+    out = gpulens(capture.manifest_uri, "--out", str(blocker / "sub"))
+    assert out.returncode == 1 and out.stdout == ""
+    assert "event=analysis.write_failed" in out.stderr and "not-a-dir" in out.stderr
