@@ -1,0 +1,137 @@
+"""The agent's HTTP API (aiohttp): a thin translation between requests and `Agent` calls.
+
+Every route but /healthz needs `Authorization: Bearer <token>` (compared in constant time). Bodies
+are limited (`max_body_bytes`, 413 beyond), must be JSON objects, and are validated against
+dispatch.schema.json; a 400 answers `{"error": ..., "field": ...}` naming what to fix.
+Routes and answers: docs/ARCHITECTURE.md, "Node agent API".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from gpulens.logs import get_logger
+
+from .. import schemas
+from .service import Agent, DispatchRefused
+
+__all__ = ["make_app", "MAX_BODY_BYTES"]
+
+_log = get_logger("agent")
+MAX_BODY_BYTES = 64 * 1024
+AGENT_KEY: web.AppKey[Agent] = web.AppKey("agent", Agent)
+MAX_BODY_KEY: web.AppKey[int] = web.AppKey("max_body", int)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    body: dict = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+def _auth_middleware(token: str):
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            _log.warning("api.unauthorized", path=request.path, peer=request.remote)
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                     headers={"WWW-Authenticate": 'Bearer realm="gpulens-agent"'})
+        return await handler(request)
+
+    return auth
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status == 413:
+            return _error(413, f"body larger than {request.app[MAX_BODY_KEY]} bytes")
+        if exc.status >= 400 and exc.content_type != "application/json":
+            return _error(exc.status, exc.reason)
+        raise
+    except Exception:  # noqa: BLE001 - an answer, never a dropped connection
+        _log.error("api.internal_error", path=request.path, exc_info=True)
+        return _error(500, "internal error (see the agent's log)")
+
+
+async def _read_json(request: web.Request) -> object:
+    if request.content_length is not None and request.content_length > request.app[MAX_BODY_KEY]:
+        raise web.HTTPRequestEntityTooLarge(max_size=request.app[MAX_BODY_KEY], actual_size=request.content_length)
+    raw = await request.read()  # bounded by client_max_size, also for chunked bodies
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _BadBody(f"body is not JSON: {exc}") from exc
+
+
+class _BadBody(Exception):
+    pass
+
+
+async def put_target(request: web.Request) -> web.Response:
+    agent = request.app[AGENT_KEY]
+    capture_id, target_id = request.match_info["capture_id"], request.match_info["target_id"]
+    try:
+        body = await _read_json(request)
+        status, created = agent.dispatch(capture_id, target_id, body)
+    except _BadBody as exc:
+        return _error(400, str(exc), "")
+    except schemas.SchemaError as exc:
+        return _error(400, str(exc), exc.field)
+    except DispatchRefused as exc:
+        return _error(400, str(exc), exc.field)
+    return web.json_response(status.to_dict(), status=202 if created else 200)
+
+
+async def get_capture(request: web.Request) -> web.Response:
+    capture_id = request.match_info["capture_id"]
+    statuses = request.app[AGENT_KEY].capture(capture_id)
+    if statuses is None:
+        return _error(404, f"this agent never saw capture {capture_id}")
+    return web.json_response({"capture_id": capture_id, "targets": [s.to_dict() for s in statuses]})
+
+
+async def cancel_capture(request: web.Request) -> web.Response:
+    capture_id = request.match_info["capture_id"]
+    if not request.app[AGENT_KEY].cancel(capture_id):
+        return _error(404, f"this agent never saw capture {capture_id}")
+    statuses = request.app[AGENT_KEY].capture(capture_id) or []
+    return web.json_response({"capture_id": capture_id, "targets": [s.to_dict() for s in statuses]})
+
+
+async def get_workers(request: web.Request) -> web.Response:
+    workers = await asyncio.to_thread(request.app[AGENT_KEY].workers)
+    return web.json_response({"workers": [w.to_dict() for w in workers]})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    if not token:
+        raise ValueError("the agent API needs a non-empty token")
+    app = web.Application(middlewares=[_errors_middleware, _auth_middleware(token)], client_max_size=max_body_bytes)
+    app[AGENT_KEY] = agent
+    app[MAX_BODY_KEY] = max_body_bytes
+    app.router.add_put("/v1/captures/{capture_id}/targets/{target_id}", put_target)
+    app.router.add_get("/v1/captures/{capture_id}", get_capture)
+    app.router.add_post("/v1/captures/{capture_id}/cancel", cancel_capture)
+    app.router.add_get("/v1/workers", get_workers)
+    app.router.add_get("/healthz", healthz)
+    return app

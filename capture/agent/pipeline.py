@@ -1,0 +1,287 @@
+"""One target's way through the node: trigger -> observe -> verify -> archive, each step persisted.
+
+The runner is a loop over the target's *persisted* state, so a restarted agent resumes every
+unfinished target where it stood. The order on the node is fixed: nothing is verified before its
+file exists, nothing archived before it verified, nothing reported archived before the store
+confirmed, and no local byte is deleted before that report is on disk. Every way out is a
+terminal state with a reason and a detail a person can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from gpulens.logs import get_logger
+
+from ..archive import ArchiveError, ArchiveStore, RetryPolicy, put_file_retrying
+from ..dynolog import ConfigError, PidOutcome, TraceConfig, TriggerFailed, build_config, kineto_trace_path, log_file_for
+from ..models import Artifact, FailureReason, TargetState
+from .observation import Observer
+from .registry import Worker, WorkerRegistry
+from .store import StatusStore, TargetRecord
+from .triggers import Trigger
+from .verification import Expectation, verify_trace
+
+__all__ = ["PipelineSettings", "Pipeline", "archive_key"]
+
+_log = get_logger("agent")
+R = FailureReason
+S = TargetState
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    node: str
+    trace_dir: Path
+    archive_root: str
+    retry_interval_s: float = 1.0        # between trigger attempts (not matched, busy)
+    registration_grace_s: float = 5.0    # a record may appear just after the dispatch
+    unreachable_attempts: int = 3        # dynolog not answering this often in a row: fail
+    trace_overhead_s: float = 12.0       # poll (5) + warm-up (5 + 2): no trigger later than deadline - this - duration
+    clock_slack_s: float = 5.0           # tolerated skew when placing events in the window
+    liveness_interval_s: float = 2.0
+    keep_local: bool = False
+    archive_policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def archive_key(archive_root: str, archive_prefix: str, target_id: str) -> str:
+    """The key under `archive_root` for `<archive_prefix>/traces/<target_id>.json`."""
+    root = posixpath.normpath("/" + urlparse(archive_root).path.strip("/"))
+    prefix = posixpath.normpath("/" + urlparse(archive_prefix).path.strip("/"))
+    rel = posixpath.relpath(prefix, root)
+    return f"traces/{target_id}.json" if rel == "." else f"{rel}/traces/{target_id}.json"
+
+
+class Pipeline:
+    def __init__(self, settings: PipelineSettings, *, registry: WorkerRegistry, trigger: Trigger,
+                 store: StatusStore, observer: Observer, verify_pool: Executor, archive: ArchiveStore):
+        self.s = settings
+        self.registry, self.trigger, self.store = registry, trigger, store
+        self.observer, self.verify_pool, self.archive = observer, verify_pool, archive
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def run(self, rec: TargetRecord) -> None:
+        log = _log.bind(capture_id=rec.capture_id, target_id=rec.target_id)
+        try:
+            while not rec.status.terminal:
+                state = rec.status.state
+                if rec.cancelled and state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
+                    self._fail(rec, R.CANCELLED, "cancelled before the config was queued")
+                elif state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
+                    await self._trigger(rec, log)
+                elif state is S.QUEUED_BY_DYNOLOG:
+                    await self._observe(rec, log)
+                elif state is S.TRACE_OBSERVED:
+                    await self._verify(rec, log)
+                elif state is S.VERIFIED:
+                    await self._archive(rec, log)
+                else:  # pragma: no cover - every state is handled above
+                    self._fail(rec, R.INTERNAL_ERROR, f"no step for state {state.value}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug must end as a visible failure, not a stuck target
+            log.error("target.internal_error", exc_info=True)
+            self._fail(rec, R.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _save(self, rec: TargetRecord) -> None:
+        self.store.put(rec)
+
+    def _set(self, rec: TargetRecord, state: TargetState, detail: str | None = None) -> None:
+        rec.set_state(state, detail)
+        self._save(rec)
+        _log.info("target." + state.value, capture_id=rec.capture_id, target_id=rec.target_id, detail=detail)
+
+    def _fail(self, rec: TargetRecord, reason: FailureReason, detail: str) -> None:
+        rec.fail(reason, detail)
+        self._save(rec)
+        _log.warning("target.failed", capture_id=rec.capture_id, target_id=rec.target_id, reason=reason.value,
+                     detail=detail)
+
+    # --- trigger ------------------------------------------------------------------------------
+
+    async def _find_worker(self, rec: TargetRecord) -> Worker | None:
+        spec = rec.spec
+        give_up = time.time() + self.s.registration_grace_s
+        while True:
+            worker = self.registry.find(spec.job_id, spec.attempt, spec.rank, pod_uid=spec.pod_uid)
+            if worker is not None or time.time() >= min(give_up, spec.deadline):
+                return worker
+            await asyncio.sleep(min(0.5, self.s.retry_interval_s))
+
+    async def _trigger(self, rec: TargetRecord, log) -> None:
+        spec = rec.spec
+        worker = await self._find_worker(rec)
+        if worker is None:
+            return self._fail(rec, R.NOT_REGISTERED, f"no registration record for job {spec.job_id} attempt "
+                                                     f"{spec.attempt} rank {spec.rank} on node {self.s.node}")
+        if not worker.alive:
+            return self._fail(rec, R.PROCESS_GONE, f"rank {spec.rank} (pid {worker.record.pid} in "
+                                                   f"{worker.record.pid_namespace}) is no longer running")
+        rec.worker = worker.to_dict()
+        try:
+            watch_dir = self._watch_dir(worker) / rec.capture_id
+            watch_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(watch_dir, 0o777)  # Kineto writes as the trainer's uid
+        except OSError as exc:
+            return self._fail(rec, R.INTERNAL_ERROR, f"cannot prepare the trace folder: {exc}")
+        try:
+            rec.log_file = log_file_for(worker.record.trace_dir, rec.capture_id, rec.target_id)
+            config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options))
+        except ConfigError as exc:
+            return self._fail(rec, R.INTERNAL_ERROR, f"config refused: {exc}")
+        rec.watch_path = str(watch_dir / os.path.basename(kineto_trace_path(rec.log_file, worker.record.pid)))
+        rec.backend = self.trigger.name
+        if rec.status.state is S.PENDING:
+            self._set(rec, S.DISPATCHED)
+        last_trigger = spec.deadline - self.s.trace_overhead_s - spec.duration_ms / 1000
+        unreachable = 0
+        pid, job = worker.record.pid, worker.record.kineto_job_id
+        while True:
+            if rec.cancelled:
+                return self._fail(rec, R.CANCELLED, "cancelled before the config was queued")
+            try:
+                answer = await self.trigger.request(config, pid, job)
+                unreachable = 0
+            except TriggerFailed as exc:
+                if exc.reason != R.DYNOLOG_UNREACHABLE.value or not exc.retryable:
+                    return self._fail(rec, R(exc.reason), exc.detail)
+                unreachable += 1
+                if unreachable >= self.s.unreachable_attempts:
+                    return self._fail(rec, R.DYNOLOG_UNREACHABLE, f"{exc.detail} ({unreachable} attempts)")
+                answer = None
+            if answer is not None and answer.outcome is PidOutcome.QUEUED:
+                rec.trace_id, rec.queued_at = answer.trace_id, time.time()
+                return self._set(rec, S.QUEUED_BY_DYNOLOG,
+                                 f"config for pid {pid} (job {job}) is in its pending slot via {self.trigger.name}; "
+                                 f"expecting {os.path.basename(rec.watch_path)}")
+            if answer is not None:
+                waiting = answer.outcome in (PidOutcome.WAITING_FOR_SLOT, PidOutcome.LIMITED)
+                state = S.WAITING_FOR_SLOT if waiting else S.NOT_MATCHED
+                detail = (f"pid {pid} matched but an earlier config is still pending (busy {answer.result.activity_busy})"
+                          if waiting else f"no process with pid {pid} registered for job {job} (yet)")
+                if rec.status.state is not state:
+                    self._set(rec, state, detail)
+            if time.time() >= last_trigger:
+                if rec.status.state is S.WAITING_FOR_SLOT:
+                    return self._fail(rec, R.BUSY_TIMEOUT, rec.status.detail or "busy until the deadline")
+                if rec.status.state is S.NOT_MATCHED:
+                    return self._fail(rec, R.NOT_MATCHED, rec.status.detail or "never matched")
+                return self._fail(rec, R.DYNOLOG_UNREACHABLE, "the trigger backend did not answer before the deadline")
+            if not self._alive(rec):
+                return self._fail(rec, R.PROCESS_GONE, f"pid {pid} exited before its config was queued")
+            await asyncio.sleep(self.s.retry_interval_s)
+
+    def _watch_dir(self, worker: Worker) -> Path:
+        """Where the agent sees the trainer's trace dir: its own --trace-dir when that is the same
+        folder (shared hostPath), else through the trainer's root (/proc/<pid>/root)."""
+        trainer_dir = worker.record.trace_dir
+        mine = self.s.trace_dir
+        via_proc = Path(f"/proc/{worker.host_pid}/root") / trainer_dir.lstrip("/")
+        for candidate in (Path(trainer_dir), via_proc):
+            try:
+                if os.path.samefile(candidate, mine):
+                    return mine
+            except OSError:
+                continue
+        return via_proc
+
+    # --- observe ------------------------------------------------------------------------------
+
+    async def _observe(self, rec: TargetRecord, log) -> None:
+        spec = rec.spec
+        assert rec.watch_path is not None
+        host_pid = (rec.worker or {}).get("host_pid")
+        while True:
+            remaining = spec.deadline - time.time()
+            found = await self.observer.wait_for(rec.watch_path, min(self.s.liveness_interval_s, max(0.0, remaining)))
+            if found is not None:
+                rec.observed_at = found.observed_at
+                return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+            if time.time() >= spec.deadline:
+                return self._fail(rec, R.TRACE_TIMEOUT, f"queued at {_iso(rec.queued_at)}, but no {rec.watch_path} "
+                                                        f"by the deadline {_iso(spec.deadline)}")
+            if host_pid and not self._alive(rec):
+                found = await self.observer.wait_for(rec.watch_path, self.s.liveness_interval_s)  # a last look
+                if found is None:
+                    return self._fail(rec, R.PROCESS_GONE, f"pid {rec.worker['pid']} exited before its trace appeared")
+                rec.observed_at = found.observed_at
+                return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+
+    def _alive(self, rec: TargetRecord) -> bool:
+        w = rec.worker or {}
+        return self.registry.is_same_process(w.get("host_pid"), w.get("pid"), w.get("pid_namespace"),
+                                             w.get("start_time"))
+
+    # --- verify -------------------------------------------------------------------------------
+
+    async def _verify(self, rec: TargetRecord, log) -> None:
+        spec = rec.spec
+        path = rec.watch_path
+        assert path is not None
+        exp = Expectation(
+            activities=tuple(spec.activities),
+            window_start=rec.accepted_at - self.s.clock_slack_s,
+            window_end=(rec.observed_at or time.time()) + self.s.clock_slack_s,
+            duration_ms=spec.duration_ms,
+            with_stack=spec.options.with_stack,
+            pid=(rec.worker or {}).get("pid"),
+            trace_id=rec.trace_id if rec.backend == "builtin" else None,
+        )
+        loop = asyncio.get_running_loop()
+        verdict = await loop.run_in_executor(self.verify_pool, verify_trace, path, exp)
+        rec.verdict = verdict.to_dict()
+        if not verdict.ok:
+            return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
+        if rec.trace_id is None:
+            rec.trace_id = verdict.trace_id
+        self._set(rec, S.VERIFIED, f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}")
+
+    # --- archive ------------------------------------------------------------------------------
+
+    async def _archive(self, rec: TargetRecord, log) -> None:
+        spec, verdict, worker = rec.spec, rec.verdict or {}, rec.worker or {}
+        path = Path(rec.watch_path or "")
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            return self._fail(rec, R.ARCHIVE_FAILED, f"verified file vanished before archiving: {exc}")
+        if size != verdict.get("size"):
+            return self._set(rec, S.TRACE_OBSERVED, f"{path} changed after verification ({size} bytes); verifying again")
+        key = archive_key(self.s.archive_root, spec.archive_prefix, rec.target_id)
+
+        def retrying(attempt: int, exc: ArchiveError, pause: float) -> None:
+            rec.status.detail = f"archive attempt {attempt} failed ({exc}); retrying in {pause:.1f} s"
+            rec.status.updated_at = time.time()
+            self._save(rec)
+            log.warning("archive.retry", attempt=attempt, error=str(exc)[:300])
+
+        try:
+            uri = await put_file_retrying(self.archive, path, key, policy=self.s.archive_policy, on_retry=retrying)
+        except ArchiveError as exc:
+            return self._fail(rec, R.ARCHIVE_FAILED, f"{exc} (file kept at {path})")
+        rec.status.artifact = Artifact(
+            target_id=rec.target_id, rank=spec.rank, local_rank=int(worker.get("local_rank", spec.local_rank or 0)),
+            node=self.s.node, pod=str(worker.get("pod", spec.pod or "")), pid=int(worker["pid"]),
+            attempt=spec.attempt, uri=uri, size=int(verdict["size"]), sha256=verdict["sha256"],
+            trace_id=rec.trace_id, event_count=verdict.get("event_count"))
+        self._set(rec, S.ARCHIVED, f"archived to {uri}")
+        if not self.s.keep_local:
+            try:
+                path.unlink()
+                path.parent.rmdir()  # only succeeds once the capture's folder is empty
+            except OSError:
+                pass
+
+
+def _iso(t: float | None) -> str:
+    if t is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + "Z"

@@ -1,0 +1,164 @@
+"""The agent's state holder: accepts dispatches, runs one pipeline task per target, resumes after
+a restart, and answers the API's questions from the persisted facts.
+
+Dispatch is idempotent on (capture_id, target_id): the first PUT creates the target and starts its
+task, every repeat returns the current status and changes nothing, so the coordinator may send at
+least once. Cancel is logical: targets whose config is not queued yet end `failed(cancelled)`;
+queued ones still land (stock dynolog cannot retract a config), and are archived as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpulens.logs import get_logger
+
+from ..archive import under_prefix
+from ..dynolog import ConfigError, Delivery, TraceConfig, build_config, log_file_for
+from ..models import Dispatch, TargetState, TargetStatus
+from .pipeline import Pipeline
+from .registry import Worker, WorkerRegistry
+from .store import CAPTURE_ID_RE, TARGET_ID_RE, StatusStore, TargetRecord
+
+__all__ = ["Agent", "DispatchRefused"]
+
+_log = get_logger("agent")
+
+
+class DispatchRefused(ValueError):
+    """A dispatch the agent will not accept; `.field` names the offending part of the request."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class Housekeeping:
+    stale_every_s: float = 30.0
+    retention_s: float = 7 * 24 * 3600
+
+
+class Agent:
+    def __init__(self, *, pipeline: Pipeline, store: StatusStore, registry: WorkerRegistry, archive_root: str,
+                 housekeeping: Housekeeping | None = None):
+        self.pipeline, self.store, self.registry = pipeline, store, registry
+        self.archive_root = archive_root
+        self.housekeeping = housekeeping or Housekeeping()
+        self._tasks: dict[tuple[str, str], asyncio.Task] = {}
+        self._house: asyncio.Task | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        resumed = 0
+        for rec in self.store.load():
+            if rec.status.terminal:
+                continue
+            if (rec.status.state is TargetState.QUEUED_BY_DYNOLOG and rec.backend == "builtin"
+                    and rec.delivered_at is None):
+                # The builtin slot lived in the previous process; Kineto never fetched it. Queue again
+                # (at-least-once: a duplicate trace is acceptable, a missed one is not).
+                rec.set_state(TargetState.DISPATCHED, "agent restarted before Kineto fetched the config; queueing again")
+                self.store.put(rec)
+            self._spawn(rec)
+            resumed += 1
+        _log.info("agent.resumed", targets=resumed)
+        self._house = asyncio.create_task(self._housekeeping(), name="agent-housekeeping")
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values()) + ([self._house] if self._house else [])
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _spawn(self, rec: TargetRecord) -> None:
+        task = asyncio.create_task(self.pipeline.run(rec), name=f"target-{rec.capture_id}-{rec.target_id}")
+        self._tasks[rec.key] = task
+        task.add_done_callback(lambda t, key=rec.key: self._tasks.pop(key, None) if self._tasks.get(key) is t else None)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(self.housekeeping.stale_every_s)
+            try:
+                await asyncio.to_thread(self.registry.remove_stale)
+                self._forget_old_captures()
+            except Exception:  # noqa: BLE001 - housekeeping must never take the agent down
+                _log.error("housekeeping.failed", exc_info=True)
+
+    def _forget_old_captures(self) -> None:
+        cutoff = time.time() - self.housekeeping.retention_s
+        by_capture: dict[str, list[TargetRecord]] = {}
+        for rec in self.store.all():
+            by_capture.setdefault(rec.capture_id, []).append(rec)
+        for capture_id, recs in by_capture.items():
+            if all(r.status.terminal and r.status.updated_at < cutoff for r in recs):
+                for r in recs:
+                    self.store._records.pop(r.key, None)
+                shutil.rmtree(self.store.root / capture_id, ignore_errors=True)
+                _log.info("store.capture_forgotten", capture_id=capture_id)
+
+    # --- API operations -----------------------------------------------------------------------
+
+    def dispatch(self, capture_id: str, target_id: str, body: Any) -> tuple[TargetStatus, bool]:
+        """Accept (True) or repeat (False) a dispatch; DispatchRefused or schemas.SchemaError for bad input."""
+        if not CAPTURE_ID_RE.match(capture_id):
+            raise DispatchRefused("capture_id", f"capture id {capture_id!r} does not match {CAPTURE_ID_RE.pattern}")
+        if not TARGET_ID_RE.match(target_id):
+            raise DispatchRefused("target_id", f"target id {target_id!r} does not match {TARGET_ID_RE.pattern}")
+        spec = Dispatch.from_dict(body)  # raises schemas.SchemaError naming the field
+        existing = self.store.get(capture_id, target_id)
+        if existing is not None:
+            return existing.status, False
+        if not under_prefix(self.archive_root, spec.archive_prefix):
+            raise DispatchRefused("archive_prefix", f"{spec.archive_prefix} is outside this agent's archive root "
+                                                    f"{self.archive_root}")
+        if spec.deadline <= time.time():
+            raise DispatchRefused("deadline", "the deadline has already passed")
+        try:  # refuse now what Kineto would silently drop later
+            build_config(TraceConfig(log_file_for("/x", capture_id, target_id), spec.duration_ms, spec.activities,
+                                     spec.options))
+        except ConfigError as exc:
+            raise DispatchRefused(exc.field, str(exc)) from exc
+        rec = TargetRecord(capture_id, target_id, dict(body), TargetStatus(target_id))
+        self.store.put(rec)
+        _log.info("target.accepted", capture_id=capture_id, target_id=target_id, rank=spec.rank, job_id=spec.job_id)
+        self._spawn(rec)
+        return rec.status, True
+
+    def capture(self, capture_id: str) -> list[TargetStatus] | None:
+        recs = self.store.capture(capture_id)
+        return [r.status for r in recs] if recs else None
+
+    def cancel(self, capture_id: str) -> bool:
+        """Mark every unfinished target cancelled; each one's task ends it `failed(cancelled)` at its
+        next step if its config was not queued yet (never in the middle of a trigger call, so a
+        config that did get queued is never reported as cancelled)."""
+        recs = self.store.capture(capture_id)
+        for rec in recs:
+            if rec.status.terminal or rec.cancelled:
+                continue
+            rec.cancelled = True
+            self.store.put(rec)
+            _log.info("target.cancel_requested", capture_id=capture_id, target_id=rec.target_id,
+                      state=rec.status.state.value)
+        return bool(recs)
+
+    def workers(self) -> list[Worker]:
+        return self.registry.workers()
+
+    def on_delivered(self, delivery: Delivery) -> None:
+        """Builtin endpoint callback: Kineto fetched a config; remember it (it matters after a restart)."""
+        for rec in self.store.all():
+            if (rec.backend == "builtin" and rec.trace_id == delivery.trace_id and rec.trace_id is not None
+                    and rec.status.state is TargetState.QUEUED_BY_DYNOLOG):
+                rec.delivered_at = delivery.at
+                rec.status.detail = (rec.status.detail or "") + f"; Kineto fetched the config at {delivery.at:.3f}"
+                rec.status.updated_at = time.time()
+                self.store.put(rec)
+                return

@@ -1,0 +1,134 @@
+"""Target statuses as level-triggered facts on local disk: an agent restart loses none.
+
+One JSON file per (capture, target) under `<state dir>/captures/<capture_id>/<target_id>.json`,
+replaced atomically (temp file, fsync, rename, fsync of the directory) on every transition, so a
+crash leaves either the old or the new fact, never half of one. Besides the public `TargetStatus`
+the file keeps what the agent needs to resume: the dispatch, the worker it resolved, the log file
+it asked for, the trace id, and the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulens.logs import get_logger
+
+from ..models import Dispatch, FailureReason, TargetState, TargetStatus
+
+__all__ = ["TargetRecord", "StatusStore", "CAPTURE_ID_RE", "TARGET_ID_RE"]
+
+_log = get_logger("agent")
+
+CAPTURE_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{7,62}$")       # as capture_request.schema.json
+TARGET_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # e.g. rank-12; no dots: it names files
+
+
+@dataclass
+class TargetRecord:
+    capture_id: str
+    target_id: str
+    dispatch: dict[str, Any]
+    status: TargetStatus
+    accepted_at: float = field(default_factory=time.time)
+    backend: str | None = None
+    worker: dict[str, Any] | None = None   # the registration record, host_pid resolved
+    log_file: str | None = None            # what Kineto was asked to write (trainer's view)
+    watch_path: str | None = None          # where the final file appears (agent's view)
+    trace_id: str | None = None            # the id the agent set (builtin); the file's otherwise
+    queued_at: float | None = None
+    delivered_at: float | None = None      # builtin only: Kineto fetched the config
+    observed_at: float | None = None
+    verdict: dict[str, Any] | None = None
+    cancelled: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.capture_id, self.target_id
+
+    @property
+    def spec(self) -> Dispatch:
+        return Dispatch.from_dict(self.dispatch)
+
+    def set_state(self, state: TargetState, detail: str | None = None) -> None:
+        self.status.state, self.status.detail, self.status.updated_at = state, detail, time.time()
+        self.status.reason = None
+
+    def fail(self, reason: FailureReason, detail: str) -> None:
+        self.status.state, self.status.reason = TargetState.FAILED, reason
+        self.status.detail, self.status.updated_at = detail, time.time()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TargetRecord":
+        d = dict(data)
+        d["status"] = TargetStatus.from_dict(d["status"])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class StatusStore:
+    def __init__(self, state_dir: Path):
+        self.root = Path(state_dir) / "captures"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._records: dict[tuple[str, str], TargetRecord] = {}
+
+    def load(self) -> list[TargetRecord]:
+        """Read every persisted target (at start-up); unreadable files are logged and skipped."""
+        for cap in sorted(self.root.iterdir()):
+            if not cap.is_dir() or not CAPTURE_ID_RE.match(cap.name):
+                continue
+            for f in sorted(cap.glob("*.json")):
+                try:
+                    rec = TargetRecord.from_dict(json.loads(f.read_text()))
+                except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
+                    _log.error("store.unreadable", file=str(f), error=str(exc)[:300])
+                    continue
+                self._records[rec.key] = rec
+        return list(self._records.values())
+
+    def get(self, capture_id: str, target_id: str) -> TargetRecord | None:
+        return self._records.get((capture_id, target_id))
+
+    def capture(self, capture_id: str) -> list[TargetRecord]:
+        return sorted((r for (c, _), r in self._records.items() if c == capture_id), key=lambda r: r.target_id)
+
+    def all(self) -> list[TargetRecord]:
+        return list(self._records.values())
+
+    def put(self, rec: TargetRecord) -> None:
+        """Persist `rec` (atomically) and keep it in memory."""
+        if not (CAPTURE_ID_RE.match(rec.capture_id) and TARGET_ID_RE.match(rec.target_id)):
+            raise ValueError(f"unsafe ids {rec.key!r}")
+        directory = self.root / rec.capture_id
+        directory.mkdir(exist_ok=True)
+        path = directory / f"{rec.target_id}.json"
+        tmp = directory / f".{rec.target_id}.json.tmp"
+        data = json.dumps(rec.to_dict(), sort_keys=True).encode()
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(directory)
+        self._records[rec.key] = rec
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,20 @@
+"""Talking to Kineto's on-demand machinery: dynolog's RPC, the IPC fabric, and the config text.
+
+- `DynologClient`: stock dynolog's TCP JSON RPC (`setKinetOnDemandRequest`, `getVersion`, ...).
+- `KinetoEndpoint`: the builtin trigger, answering Kineto's IPC polls where no dynolog runs.
+- `build_config` / `TraceConfig`: the Kineto config text, validated before it is sent.
+- `OnDemandResult` / `PidOutcome`: what a trigger achieved per pid, said no more strongly than seen.
+
+Facts and citations: shared/reference/dynolog-kineto-protocol.md and dynolog-observed.md.
+"""
+
+from .config import ConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
+from .ipc_server import Delivery, EndpointBusy, KinetoEndpoint
+from .results import OnDemandResult, PidOutcome, TriggerFailed
+from .rpc import DynologClient
+
+__all__ = [
+    "ConfigError", "TraceConfig", "build_config", "kineto_trace_path", "log_file_for",
+    "Delivery", "EndpointBusy", "KinetoEndpoint",
+    "OnDemandResult", "PidOutcome", "TriggerFailed", "DynologClient",
+]

@@ -1,0 +1,123 @@
+"""Builds the Kineto on-demand config text, refusing anything Kineto would silently mangle.
+
+Kineto's parser (dynolog-kineto-protocol.md 4.1) splits each line on `=` and must get exactly two
+parts, cuts lines at `#`, and on any bad value stops parsing and still *accepts* the half-read
+config, which is then dropped at activation: the request vanishes although dynolog reported it
+triggered. So every value is checked here, before anything is sent:
+
+- the log file name is unique per (capture, target): Kineto deletes an existing file of the same
+  final name before renaming its new trace over it, so a reused name lets a queued second trace
+  destroy the first; it must contain `.json` (Kineto inserts `_<pid>` before the first `.json`,
+  without it several processes would write one file) and no `..` (newer Kineto refuses such paths);
+- only activity names every Kineto since 2023 knows (one unknown name kills the request);
+- no value may contain `=`, `#`, `..` or a line break;
+- `PROFILE_START_TIME=0` means "as soon as possible" (Kineto: parse time + 5 s warm-up + 2 s); an
+  explicit start must leave room for the poll (<= 5 s), a profiler tick (1 s) and the warm-up
+  (5 s), so it has to be at least 15 s in the future when built.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from ..activities import CORE_ACTIVITY_TYPES, unknown_activities
+from ..models import CaptureOptions
+
+__all__ = ["ConfigError", "TraceConfig", "build_config", "log_file_for", "kineto_trace_path", "MIN_START_LEAD_MS"]
+
+MIN_START_LEAD_MS = 15_000
+MAX_DURATION_MS = 600_000
+
+
+class ConfigError(ValueError):
+    """A config value Kineto would mangle or drop; `.field` names it."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    log_file: str
+    duration_ms: int
+    activities: tuple[str, ...] = ("cpu_op",)
+    options: CaptureOptions = field(default_factory=CaptureOptions)
+    start_time_ms: int = 0        # 0: Kineto starts after its own warm-up
+    trace_id: str | None = None   # the builtin endpoint sets it; dynolog overrides any given one
+    allow_newer_activities: bool = False
+
+
+def log_file_for(trace_dir: str, capture_id: str, target_id: str) -> str:
+    """`<trace_dir>/<capture_id>/<target_id>.json`: unique per (capture, target)."""
+    for name, value in (("capture_id", capture_id), ("target_id", target_id)):
+        if not value or "/" in value or value in (".", "..") or ".json" in value:
+            raise ConfigError(name, f"{value!r} cannot be part of a trace file name")
+    return os.path.join(trace_dir, capture_id, f"{target_id}.json")
+
+
+def kineto_trace_path(log_file: str, pid: int) -> str:
+    """The final name Kineto writes for `log_file` in process `pid` (its own namespace's pid)."""
+    for marker in (".pt.trace.json", ".json"):
+        i = log_file.find(marker)
+        if i >= 0:
+            return f"{log_file[:i]}_{pid}{log_file[i:]}"
+    return log_file
+
+
+def _check_value(field: str, value: str) -> str:
+    for bad in ("=", "#", "..", "\n", "\r"):
+        if bad in value:
+            raise ConfigError(field, f"{value!r} contains {bad!r}, which Kineto's config parser cannot carry")
+    if value != value.strip():
+        raise ConfigError(field, f"{value!r} has surrounding whitespace, which Kineto trims")
+    return value
+
+
+def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
+    """The config text (newline-separated KEY=VALUE, no trailing newline), or ConfigError."""
+    log_file = _check_value("log_file", cfg.log_file)
+    if not os.path.isabs(log_file):
+        raise ConfigError("log_file", f"{log_file!r} is relative: Kineto resolves it in the trainer's cwd (or ignores it)")
+    if ".json" not in os.path.basename(log_file):
+        raise ConfigError("log_file", f"{log_file!r} has no '.json': Kineto would not insert the pid")
+    if isinstance(cfg.duration_ms, bool) or not isinstance(cfg.duration_ms, int) or not 1 <= cfg.duration_ms <= MAX_DURATION_MS:
+        raise ConfigError("duration_ms", f"{cfg.duration_ms!r} is not an integer in 1..{MAX_DURATION_MS}")
+    if not cfg.activities:
+        raise ConfigError("activities", "at least one activity type is needed (empty means Kineto's whole default set)")
+    bad = unknown_activities(list(cfg.activities), allow_newer=cfg.allow_newer_activities)
+    if bad:
+        raise ConfigError("activities", f"unknown to some Kineto versions: {', '.join(map(repr, bad))} "
+                                        f"(allowed: {', '.join(CORE_ACTIVITY_TYPES)})")
+    for name in cfg.activities:
+        _check_value("activities", name)
+    if cfg.start_time_ms:
+        lead = cfg.start_time_ms - int((time.time() if now is None else now) * 1000)
+        if lead < MIN_START_LEAD_MS:
+            raise ConfigError("start_time_ms", f"starts in {lead} ms; needs >= {MIN_START_LEAD_MS} ms "
+                                               "(poll + profiler tick + warm-up), else Kineto drops it as past")
+    if cfg.trace_id is not None and not (cfg.trace_id.isdigit() and len(cfg.trace_id) <= 32):
+        raise ConfigError("trace_id", f"{cfg.trace_id!r} is not a decimal id")
+    o = cfg.options
+    lines = [
+        f"ACTIVITIES_LOG_FILE={log_file}",
+        f"PROFILE_START_TIME={int(cfg.start_time_ms)}",
+        f"ACTIVITIES_DURATION_MSECS={cfg.duration_ms}",
+        f"ACTIVITY_TYPES={','.join(cfg.activities)}",
+        f"PROFILE_REPORT_INPUT_SHAPES={_b(o.record_shapes)}",
+        # PROFILE_PROFILE_MEMORY adds memory events to the JSON trace. PROFILE_MEMORY (what dyno
+        # also sets) would switch Kineto to a pickle memory snapshot and no trace at all.
+        f"PROFILE_PROFILE_MEMORY={_b(o.profile_memory)}",
+        f"PROFILE_WITH_STACK={_b(o.with_stack)}",
+        f"PROFILE_WITH_FLOPS={_b(o.with_flops)}",
+        f"PROFILE_WITH_MODULES={_b(o.with_modules)}",
+    ]
+    if cfg.trace_id is not None:
+        lines.append(f"REQUEST_TRACE_ID={cfg.trace_id}")
+    return "\n".join(lines)
+
+
+def _b(flag: bool) -> str:
+    return "true" if flag else "false"

@@ -1,0 +1,242 @@
+"""The builtin trigger: the agent answers Kineto's IPC polls itself (no dynolog daemon needed).
+
+Kineto (armed with KINETO_USE_DAEMON) sends a `req` datagram every 5 s to `dynolog`'s address;
+whoever is bound there decides which config it gets. This endpoint keeps dynolog's semantics where
+they matter to the agent (dynolog-kineto-protocol.md 1.6 and 3.5): one pending config per process,
+a config is handed over only on a poll with the activities bit set (a tracing process polls without
+it, so a request during a trace waits in the slot and shows as busy), processes not heard from for
+60 s are forgotten. One deliberate difference: a request matches a process only by its own (leaf)
+pid, never through its ancestors, so a worker's children that inherited the job id are not traced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from gpulens.logs import get_logger
+from . import ipcwire
+from .results import OnDemandResult
+
+__all__ = ["KinetoEndpoint", "Delivery", "KnownProcess", "EndpointBusy"]
+
+_log = get_logger("agent")
+
+
+class EndpointBusy(OSError):
+    """Another live endpoint (a dynolog daemon, another agent) is bound at our address."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Kineto fetched a config: the moment a trigger stops being a promise of dynolog's kind."""
+
+    job_id: int
+    pid: int
+    trace_id: str | None
+    at: float
+
+
+@dataclass
+class KnownProcess:
+    job_id: int
+    pids: tuple[int, ...]  # leaf first, then ancestors, as Kineto sent them
+    last_seen: float       # monotonic
+    pending: str | None = None
+    pending_trace_id: str | None = None
+
+    @property
+    def leaf(self) -> int:
+        return self.pids[0]
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, endpoint: "KinetoEndpoint"):
+        self.endpoint = endpoint
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        if not self.endpoint.may_answer(addr):
+            return
+        reply = self.endpoint.handle(data)
+        if reply is not None and addr:
+            try:
+                self.transport.sendto(reply, addr)
+            except OSError as exc:  # the client vanished between its send and our answer
+                _log.debug("ipc.reply_failed", peer=str(addr), error=str(exc))
+
+    def error_received(self, exc: Exception) -> None:
+        _log.debug("ipc.socket_error", error=str(exc))
+
+
+class KinetoEndpoint:
+    def __init__(self, socket_dir: str | None = None, *, name: str = ipcwire.DYNOLOG_NAME,
+                 keepalive_s: float = 60.0, gc_interval_s: float = 60.0,
+                 on_delivered: Callable[[Delivery], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.socket_dir = os.path.abspath(socket_dir) if socket_dir else None
+        self.address = ipcwire.endpoint_address(name, self.socket_dir)
+        self.keepalive_s, self.gc_interval_s = keepalive_s, gc_interval_s
+        self.on_delivered = on_delivered
+        self._clock = clock
+        self._procs: dict[tuple[int, frozenset[int]], KnownProcess] = {}
+        self._gpu_ctx: dict[tuple[int, int], set[int]] = {}
+        self._transport: asyncio.DatagramTransport | None = None
+        self._gc_task: asyncio.Task | None = None
+        self._refused: set[str] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            if isinstance(self.address, str):
+                self._claim_path(self.address)
+            sock.bind(self.address)
+            if isinstance(self.address, str):
+                os.chmod(self.address, 0o666)  # trainers may run as other uids
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise EndpointBusy(exc.errno, f"another endpoint is bound at {self.describe()}") from exc
+            raise
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
+        self._gc_task = asyncio.create_task(self._gc_loop(), name="kineto-endpoint-gc")
+        _log.info("ipc.listening", address=self.describe())
+
+    def _claim_path(self, path: str) -> None:
+        """Remove a stale socket file, but never one a live endpoint (say, dynolog) is bound to."""
+        if not os.path.exists(path):
+            return
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody behind it: left over by a previous run
+            return
+        finally:
+            probe.close()
+        raise EndpointBusy(errno.EADDRINUSE, f"a live endpoint is bound at {path}")
+
+    async def stop(self) -> None:
+        if self._gc_task:
+            self._gc_task.cancel()
+            try:
+                await self._gc_task
+            except asyncio.CancelledError:
+                pass
+        if self._transport:
+            self._transport.close()
+            self._transport = None
+        if isinstance(self.address, str):
+            try:
+                os.unlink(self.address)
+            except OSError:
+                pass
+
+    def may_answer(self, addr) -> bool:
+        """Only answer peers in our own socket folder. Kineto checks that the answer's sender path
+        starts with *its* KINETO_IPC_SOCKET_DIR and calls std::terminate otherwise (observed with
+        torch 2.13), so answering a trainer that reached this socket under another path name
+        would kill the training process."""
+        if self.socket_dir is None:
+            return True
+        peer = addr.decode(errors="replace") if isinstance(addr, bytes) else str(addr or "")
+        if peer.startswith(self.socket_dir + "/"):
+            return True
+        key = peer or "<unnamed>"
+        if key not in self._refused:
+            self._refused.add(key)
+            _log.error("ipc.foreign_peer_ignored", peer=key, socket_dir=self.socket_dir,
+                       hint="the trainer's KINETO_IPC_SOCKET_DIR must be this exact path")
+        return False
+
+    def describe(self) -> str:
+        return self.address if isinstance(self.address, str) else "@" + self.address[1:-1].decode() + "\\0"
+
+    # --- the trigger side ------------------------------------------------------------------
+
+    def trigger(self, config: str, pids: list[int], job_id: int, *, trace_id: str | None = None,
+                process_limit: int = 1000) -> OnDemandResult:
+        """Put `config` in the pending slot of each process of `job_id` whose own pid is in `pids`."""
+        wanted = set(pids)
+        matched: list[int] = []
+        triggered: list[int] = []
+        busy = 0
+        for key in sorted(self._procs, key=lambda k: sorted(k[1])):
+            proc = self._procs[key]
+            if proc.job_id != job_id or proc.leaf not in wanted:
+                continue
+            matched.append(proc.leaf)
+            if len(triggered) >= process_limit:
+                continue
+            if proc.pending is None:
+                proc.pending = "\n    " + config + (f"\n    REQUEST_TRACE_ID={trace_id}" if trace_id else "")
+                proc.pending_trace_id = trace_id
+                triggered.append(proc.leaf)
+            else:
+                busy += 1
+        return OnDemandResult(tuple(matched), tuple(triggered), busy)
+
+    def processes(self) -> list[KnownProcess]:
+        return list(self._procs.values())
+
+    def collect_garbage(self) -> int:
+        """Forget processes silent for longer than keepalive_s (dynolog: 60 s); returns how many."""
+        cutoff = self._clock() - self.keepalive_s
+        stale = [k for k, p in self._procs.items() if p.last_seen < cutoff]
+        for key in stale:
+            del self._procs[key]
+        return len(stale)
+
+    async def _gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.gc_interval_s)
+            n = self.collect_garbage()
+            if n:
+                _log.info("ipc.forgot_processes", count=n)
+
+    # --- the Kineto side -------------------------------------------------------------------
+
+    def handle(self, datagram: bytes) -> bytes | None:
+        """Answer one datagram (None: no answer, as dynolog does for malformed input)."""
+        try:
+            msg_type, payload = ipcwire.unpack(datagram)
+            if msg_type.startswith("req"):
+                return self._on_request(ipcwire.parse_request(payload))
+            if msg_type.startswith("ctxt"):
+                ctx = ipcwire.parse_context(payload)
+                pids = self._gpu_ctx.setdefault((ctx.job_id, ctx.gpu), set())
+                pids.add(ctx.pid)
+                return ipcwire.pack("ctxt", struct.pack("<i", len(pids)))
+            _log.warning("ipc.unknown_type", type=msg_type)
+        except ipcwire.WireError as exc:
+            _log.warning("ipc.bad_datagram", error=str(exc))
+        return None
+
+    def _on_request(self, req: ipcwire.Request) -> bytes:
+        key = (req.job_id, frozenset(req.pids))
+        proc = self._procs.get(key)
+        if proc is None:
+            proc = self._procs[key] = KnownProcess(req.job_id, tuple(req.pids), self._clock())
+            _log.info("ipc.registered", job=req.job_id, pids=",".join(map(str, req.pids)))
+        proc.last_seen = self._clock()
+        config = b""
+        if req.wants_activities and proc.pending is not None:
+            config = (proc.pending + "\n").encode()
+            delivery = Delivery(req.job_id, proc.leaf, proc.pending_trace_id, time.time())
+            proc.pending = proc.pending_trace_id = None
+            _log.info("ipc.config_fetched", job=req.job_id, pid=proc.leaf, trace_id=delivery.trace_id)
+            if self.on_delivered is not None:
+                self.on_delivered(delivery)
+        return ipcwire.pack("req", config)

@@ -1,0 +1,114 @@
+"""Client for stock dynolog's JSON RPC (TCP, default port 1778).
+
+Wire format (dynolog-kineto-protocol.md section 1): one request per connection; a 4-byte
+little-endian int32 length then that many bytes of JSON, the same framing back, then the server
+closes. The server is single-threaded with blocking reads, so every step here (connect, send,
+read length, read body) has its own timeout: a stuck client would stall dynolog for everyone, and
+a stuck dynolog must not stall the agent. The length and body go out in one write because dynolog
+reads the prefix with a single read().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from typing import Any
+
+from .results import OnDemandResult, TriggerFailed
+
+__all__ = ["DynologClient", "encode_frame", "MAX_RESPONSE_BYTES"]
+
+_LEN = struct.Struct("<i")
+MAX_RESPONSE_BYTES = 16 << 20
+
+
+def encode_frame(obj: dict[str, Any]) -> bytes:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return _LEN.pack(len(body)) + body
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"dynolog address must be HOST:PORT, got {addr!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class DynologClient:
+    def __init__(self, host: str = "127.0.0.1", port: int = 1778, *, timeout_s: float = 3.0):
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+
+    @classmethod
+    def from_addr(cls, addr: str, **kw: Any) -> "DynologClient":
+        host, port = parse_addr(addr)
+        return cls(host, port, **kw)
+
+    async def call(self, request: dict[str, Any]) -> Any:
+        """Send one request, return the decoded answer. Raises TriggerFailed(dynolog_unreachable |
+        dynolog_error); unreachable and timeouts are retryable."""
+        where = f"dynolog at {self.host}:{self.port}"
+        t = self.timeout_s
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), t)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise TriggerFailed("dynolog_unreachable", f"{where} not listening: {_describe(exc)}", retryable=True) from exc
+        try:
+            writer.write(encode_frame(request))
+            await asyncio.wait_for(writer.drain(), t)
+            try:
+                head = await asyncio.wait_for(reader.readexactly(4), t)
+            except asyncio.IncompleteReadError as exc:
+                # dynolog closes without answering on unknown fn, bad JSON, missing "fn", bad length
+                raise TriggerFailed("dynolog_error", f"{where} closed without answering {request.get('fn')!r} "
+                                    "(unknown function or malformed request)") from exc
+            (size,) = _LEN.unpack(head)
+            if not 0 < size <= MAX_RESPONSE_BYTES:
+                raise TriggerFailed("dynolog_error", f"{where} sent a bad length prefix {size}")
+            body = await asyncio.wait_for(reader.readexactly(size), t)
+        except asyncio.TimeoutError as exc:
+            raise TriggerFailed("dynolog_unreachable", f"{where} did not answer within {t:g} s", retryable=True) from exc
+        except asyncio.IncompleteReadError as exc:
+            raise TriggerFailed("dynolog_error", f"{where} closed mid-answer", retryable=True) from exc
+        except OSError as exc:
+            raise TriggerFailed("dynolog_unreachable", f"{where}: {_describe(exc)}", retryable=True) from exc
+        finally:
+            writer.close()
+            try:
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            except (OSError, asyncio.TimeoutError):
+                pass
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise TriggerFailed("dynolog_error", f"{where} answered invalid JSON: {body[:200]!r}") from exc
+
+    async def set_kineto_ondemand_request(self, config: str, pids: list[int], job_id: int,
+                                          process_limit: int = 1000) -> OnDemandResult:
+        """Queue `config` for the job's processes with these (namespace-local) pids."""
+        if not pids or any(p <= 0 for p in pids):
+            raise ValueError("explicit positive pids only: [] and [0] mean every process of the job")
+        if not 0 <= int(job_id) <= 0x7FFFFFFF:
+            raise ValueError(f"job_id {job_id} does not fit dynolog's C int")
+        body = await self.call({"fn": "setKinetOnDemandRequest", "config": config, "job_id": int(job_id),
+                                "pids": [int(p) for p in pids], "process_limit": int(process_limit)})
+        return OnDemandResult.from_body(body)
+
+    async def get_version(self) -> str:
+        body = await self.call({"fn": "getVersion"})
+        if not isinstance(body, dict) or "version" not in body:
+            raise TriggerFailed("dynolog_error", f"unexpected getVersion answer {body!r:.200}")
+        return str(body["version"])
+
+    async def get_status(self) -> int:
+        body = await self.call({"fn": "getStatus"})
+        if not isinstance(body, dict) or not isinstance(body.get("status"), int):
+            raise TriggerFailed("dynolog_error", f"unexpected getStatus answer {body!r:.200}")
+        return body["status"]
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}"
