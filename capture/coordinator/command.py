@@ -1,15 +1,160 @@
-"""CLI entry for this component: `configure(parser)` adds its options, `run(args)` runs it."""
+"""`gpulens coordinator`: one per (job, attempt); the capture hot path for that job.
+
+Flags follow docs/ARCHITECTURE.md ("Command-line contract"); see docs/coordinator.md.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
+from pathlib import Path
+
+from gpulens.logs import get_logger
+
+log = get_logger("coordinator")
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    a = parser.add_argument
+    a("--listen", type=_host_port, default=("127.0.0.1", 9452), metavar="HOST:PORT", help="default 127.0.0.1:9452")
+    a("--job", required=True, help="the job id (GPULENS_JOB_ID of its workers)")
+    a("--attempt", type=int, required=True)
+    a("--namespace", required=True)
+    a("--discovery", choices=["local", "kubernetes"], required=True)
+    a("--registry-dir", type=Path, help="registration records (--discovery local)")
+    a("--selector", help="label selector of the job's pods (--discovery kubernetes)")
+    a("--kubeconfig", help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
+    agent = parser.add_mutually_exclusive_group(required=True)
+    agent.add_argument("--agent-url", help="one agent for every target (embedded mode)")
+    agent.add_argument("--agent-url-template", help="per node, e.g. 'http://{node_ip}:9451' ({node}, {node_ip})")
+    a("--archive-root", required=True, help="file:///path or s3://bucket/prefix")
+    a("--s3-endpoint", help="S3-compatible endpoint URL")
+    a("--token-file", type=Path, required=True, help="bearer token callers must present")
+    a("--agent-token-file", type=Path, required=True, help="bearer token for the node agents")
+    a("--grafana-url", help="Grafana base URL for capture annotations")
+    a("--grafana-token-file", type=Path, help="Grafana service-account token")
+    a("--grafana-org-id", type=int, help="X-Grafana-Org-Id for a non-default organisation")
+    a("--annotations-file", type=Path, help="without Grafana: annotations JSON file (an HTML page is written beside it)")
+    a("--report-base-url", help="browser URL of the archive root, for links in annotations")
+    a("--analysis", choices=["local", "none"], default="none", help="run `gpulens analyze` after convergence")
+    a("--state-dir", type=Path, help="keep a copy of each finished capture's status here")
+    a("--start-delay-s", type=float, default=12.0, help="dynolog start delay allowance (poll 5 s + warm-up 7 s)")
+    a("--archive-margin-s", type=float, default=20.0, help="verify + archive allowance on the node")
+    a("--report-margin-s", type=float, default=10.0, help="agent deadline -> coordinator deadline")
+    a("--poll-interval-s", type=float, default=1.0, help="how often each agent is asked for statuses")
+    a("--max-captures", type=int, default=200, help="finished captures kept in memory")
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _api_client(kubeconfig: str | None):
+    import os
+
+    from kubernetes import client, config
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=kubeconfig)
+    return client.ApiClient()
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
+    import aiohttp
+    from aiohttp import web
+
+    from capture.annotations import FileSink, GrafanaSink
+
+    from .agents import AgentClient
+    from .analysis_runner import AnalysisRunner
+    from .auth import Credentials, SecretFile
+    from .deadlines import DeadlinePolicy
+    from .discovery import AgentUrls, LocalDiscovery
+    from .fanout import FanoutSettings
+    from .server import make_app
+    from .service import Coordinator, CoordinatorSettings
+
+    credentials = Credentials(tokens=(SecretFile.required(args.token_file),))
+    agent_token = SecretFile.required(args.agent_token_file)
+    agents = AgentUrls(url=args.agent_url, template=args.agent_url_template)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=16)  # no global cap: one slow agent must not starve the rest
+    async with aiohttp.ClientSession(connector=connector) as session:
+        client = AgentClient(session, agent_token)
+        if args.discovery == "local":
+            discovery = LocalDiscovery(args.registry_dir, job_id=args.job, attempt=args.attempt,
+                                       namespace=args.namespace, agents=agents)
+        else:
+            from .kube_discovery import KubernetesDiscovery
+            discovery = KubernetesDiscovery(_api_client(args.kubeconfig), namespace=args.namespace,
+                                            selector=args.selector, job_id=args.job, attempt=args.attempt,
+                                            agents=agents, agent_client=client)
+        sink = None
+        if args.grafana_url:
+            token = SecretFile.required(args.grafana_token_file) if args.grafana_token_file else None
+            sink = GrafanaSink(session, args.grafana_url, token, org_id=args.grafana_org_id)
+        elif args.annotations_file:
+            sink = FileSink(args.annotations_file)
+        settings = CoordinatorSettings(
+            job_id=args.job, attempt=args.attempt, namespace=args.namespace, archive_root=args.archive_root,
+            s3_endpoint=args.s3_endpoint, report_base_url=args.report_base_url, state_dir=args.state_dir,
+            max_captures=args.max_captures,
+            deadlines=DeadlinePolicy(start_delay_s=args.start_delay_s, archive_s=args.archive_margin_s,
+                                     report_s=args.report_margin_s),
+            fanout=FanoutSettings(poll_interval_s=args.poll_interval_s))
+        coordinator = Coordinator(settings, discovery, client, annotations=sink,
+                                  analysis=AnalysisRunner(s3_endpoint=args.s3_endpoint) if args.analysis == "local" else None)
+        runner = web.AppRunner(make_app(coordinator, credentials), access_log=None)
+        await runner.setup()
+        host, port = args.listen
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            log.error("coordinator.listen_failed", listen=f"{host}:{port}", error=str(exc))
+            await runner.cleanup()
+            return 1
+        log.info("coordinator.ready", listen=f"{host}:{port}", job_id=args.job, attempt=args.attempt,
+                 namespace=args.namespace, discovery=args.discovery)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    log.info("coordinator.stopped")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if args.discovery == "local" and not args.registry_dir:
+        return "--discovery local needs --registry-dir"
+    if args.discovery == "kubernetes" and not args.selector:
+        return "--discovery kubernetes needs --selector"
+    if args.grafana_url and args.annotations_file:
+        return "give --grafana-url or --annotations-file, not both"
+    if not args.archive_root.startswith(("file://", "s3://")):
+        return "--archive-root must be file:///path or s3://bucket/prefix"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"{sys.argv[0]}: this component is not built yet", file=sys.stderr)
-    return 1
+    problem = _check(args)
+    if problem:
+        print(f"gpulens coordinator: {problem}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            return await serve(args, stop)
+        except ValueError as exc:  # a secret file missing or empty, a bad template
+            print(f"gpulens coordinator: {exc}", file=sys.stderr)
+            return 2
+    return asyncio.run(main())

@@ -1,0 +1,269 @@
+"""The coordinator's core: accept captures, run each one prepare -> dispatch -> converge ->
+manifest -> analysis, and keep the annotation in step. No HTTP here (server.py adapts it).
+
+State is in memory only: a restarted coordinator knows none of the captures it did not start
+and answers `unknown` for them (DESIGN.md, "Why one coordinator per job"). `--state-dir` keeps a
+copy of each finished capture's status and manifest for people, not for recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from capture.annotations import AnnotationSink, AnnotationSync, capture_annotation
+from capture.archive import ArchiveError, ArchiveStore, open_archive
+from capture.models import CaptureRequest, FailureReason, TargetState, new_capture_id
+from gpulens.logs import get_logger
+
+from .agents import AgentClient
+from .analysis_runner import AnalysisRunner
+from .deadlines import DeadlinePolicy, DelayTracker
+from .discovery import Discovery, DiscoveryError
+from .fanout import AgentWorker, FanoutSettings
+from .manifests import build_manifest, capture_prefix, check_artifacts, write_manifest
+from .progress import CaptureRecord, Phase
+
+__all__ = ["CoordinatorSettings", "Coordinator", "CaptureBusy", "RequestMismatch"]
+
+log = get_logger("coordinator")
+
+
+class CaptureBusy(Exception):
+    """Another capture of this job is still running (the trainers' config slots are taken)."""
+
+    def __init__(self, active: CaptureRecord):
+        super().__init__(f"capture {active.capture_id} is still {active.phase}")
+        self.active = active
+
+
+class RequestMismatch(Exception):
+    """The request is for another job or attempt than this coordinator's."""
+
+    def __init__(self, field_name: str, message: str, conflict: bool = False):
+        super().__init__(message)
+        self.field, self.conflict = field_name, conflict
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    job_id: str
+    attempt: int
+    namespace: str
+    archive_root: str
+    s3_endpoint: str | None = None
+    deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
+    fanout: FanoutSettings = field(default_factory=FanoutSettings)
+    report_base_url: str | None = None
+    state_dir: Path | None = None
+    max_captures: int = 200
+
+
+class Coordinator:
+    def __init__(self, settings: CoordinatorSettings, discovery: Discovery, agents: AgentClient, *,
+                 annotations: AnnotationSink | None = None, analysis: AnalysisRunner | None = None,
+                 open_store: Callable[[str], ArchiveStore] | None = None,
+                 annotation_backoff_s: tuple[float, float] = (1.0, 60.0)):
+        self.settings, self.discovery, self.agents = settings, discovery, agents
+        self.annotations, self.analysis = annotations, analysis
+        self.open_store = open_store or (lambda prefix: open_archive(prefix, endpoint_url=settings.s3_endpoint)
+                                         if prefix.startswith("s3://") else open_archive(prefix))
+        self.annotation_backoff_s = annotation_backoff_s
+        self.delays = DelayTracker()
+        self.captures: OrderedDict[str, CaptureRecord] = OrderedDict()
+        self._cancel: dict[str, asyncio.Event] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._syncs: dict[str, AnnotationSync] = {}
+        self.log = log.bind(job_id=settings.job_id, attempt=settings.attempt)
+
+    # --- API used by the server ---------------------------------------------------------------
+
+    def get(self, capture_id: str) -> CaptureRecord | None:
+        return self.captures.get(capture_id)
+
+    def active(self) -> CaptureRecord | None:
+        return next((r for r in self.captures.values() if r.phase not in Phase.DONE), None)
+
+    def start(self, request: CaptureRequest, namespace: str | None = None) -> tuple[CaptureRecord, bool]:
+        """Accept a capture; returns (record, created). A repeated capture id returns the first one."""
+        s = self.settings
+        if request.job_id != s.job_id:
+            raise RequestMismatch("job_id", f"this coordinator serves job {s.job_id!r}, not {request.job_id!r}")
+        if namespace is not None and namespace != s.namespace:
+            raise RequestMismatch("namespace", f"this coordinator serves namespace {s.namespace!r}, not {namespace!r}")
+        if request.attempt is not None and request.attempt != s.attempt:
+            raise RequestMismatch("attempt", f"this coordinator serves attempt {s.attempt}, not {request.attempt}",
+                                  conflict=True)
+        if request.capture_id and request.capture_id in self.captures:
+            return self.captures[request.capture_id], False
+        active = self.active()
+        if active is not None:
+            raise CaptureBusy(active)
+        capture_id = request.capture_id or new_capture_id()
+        request = replace(request, capture_id=capture_id, attempt=s.attempt)
+        record = CaptureRecord(capture_id, request, s.namespace, s.job_id, s.attempt)
+        record.archive_prefix = capture_prefix(s.archive_root, s.namespace, s.job_id, s.attempt, capture_id)
+        self.captures[capture_id] = record
+        self._cancel[capture_id] = asyncio.Event()
+        self._evict()
+        self.log.info("capture.accepted", capture_id=capture_id, requested_by=request.requested_by,
+                      reason=request.reason.kind, fingerprint=request.reason.fingerprint)
+        self._tasks[capture_id] = asyncio.create_task(self._run(record), name=f"capture-{capture_id}")
+        return record, True
+
+    def cancel(self, capture_id: str) -> CaptureRecord | None:
+        record = self.captures.get(capture_id)
+        if record is None:
+            return None
+        if record.phase not in Phase.DONE and not record.cancelled:
+            record.cancelled = True
+            record.note("cancel", detail="logical cancel: configs already queued by dynolog still run")
+            self._cancel[capture_id].set()
+            self.log.info("capture.cancel", capture_id=capture_id)
+        return record
+
+    def alert_resolved(self, capture_id: str, ends_at: str) -> CaptureRecord | None:
+        record = self.captures.get(capture_id)
+        if record is not None and record.alert_resolved_at != ends_at:
+            record.alert_resolved_at = ends_at
+            record.note("alert_resolved", ends_at=ends_at)
+            self._annotate(record)
+        return record
+
+    async def wait(self, capture_id: str) -> None:
+        """Until the capture's lifecycle (including analysis) is over; for tests and shutdown."""
+        task = self._tasks.get(capture_id)
+        if task:
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sync in self._syncs.values():
+            await sync.close()
+
+    # --- one capture --------------------------------------------------------------------------
+
+    async def _run(self, record: CaptureRecord) -> None:
+        clog = self.log.bind(capture_id=record.capture_id)
+        try:
+            self._annotate(record)
+            try:
+                snapshot = await self.discovery.snapshot()
+            except DiscoveryError as exc:
+                clog.error("capture.prepare_failed", error=str(exc))
+                record.set_phase(Phase.FAILED, f"discovery: {exc}")
+                return
+            record.freeze(snapshot)
+            for w in snapshot.warnings:
+                clog.warning("discovery.warning", detail=w)
+            clog.info("capture.prepared", targets=len(snapshot.targets), dispatchable=len(snapshot.dispatchable),
+                      world_size=snapshot.world_size)
+            d = self.settings.deadlines.compute(time.time(), record.request.duration_ms, self.delays.estimate())
+            record.agent_deadline, record.deadline = d.agent, d.coordinator
+            record.set_phase(Phase.CAPTURING)
+            self._annotate(record)
+            await self._fan_out(record)
+            check_artifacts(record)
+            record.converged_at = time.time()
+            try:
+                record.manifest_uri = await write_manifest(build_manifest(record), record.archive_prefix,
+                                                           open_store=self.open_store)
+            except (ArchiveError, ValueError) as exc:
+                clog.error("manifest.write_failed", error=str(exc))
+                record.set_phase(Phase.FAILED, f"the manifest could not be written: {exc}")
+                return
+            clog.info("capture.converged", manifest_uri=record.manifest_uri, fully_succeeded=record.fully_succeeded,
+                      missing_ranks=",".join(map(str, record.missing_ranks())) or None)
+            record.set_phase(Phase.CONVERGED)
+            self._annotate(record)
+            await self._analyse(record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must end the capture visibly, not leave it "capturing" forever
+            clog.error("capture.internal_error", exc_info=True, error=str(exc))
+            record.set_phase(Phase.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            if record.phase in Phase.DONE:
+                self._annotate(record)
+                self._keep_copy(record)
+
+    async def _fan_out(self, record: CaptureRecord) -> None:
+        cancel = self._cancel[record.capture_id]
+        by_agent: dict[str, list] = {}
+        for p in record.targets.values():
+            if not p.terminal:
+                by_agent.setdefault(p.target.agent_url, []).append(p)
+        if cancel.is_set():
+            for p in (p for ps in by_agent.values() for p in ps):
+                record.update(p.target.target_id, TargetState.FAILED, FailureReason.CANCELLED, "cancelled during prepare")
+            return
+        workers = [AgentWorker(record, url, ps, self.agents, self.settings.fanout, self.delays)
+                   for url, ps in by_agent.items()]
+        await asyncio.gather(*(w.run(cancel) for w in workers))
+
+    async def _analyse(self, record: CaptureRecord) -> None:
+        if self.analysis is None:
+            record.analysis = {"state": "disabled"}
+        elif not any(p.state == TargetState.ARCHIVED for p in record.targets.values()):
+            record.analysis = {"state": "skipped", "reason": "no rank was archived"}
+        else:
+            record.analysis = {"state": "running"}
+            record.note("analysis", **record.analysis)
+            self._annotate(record)
+            record.analysis = await self.analysis.run(record.manifest_uri, record.capture_id)
+            record.report_uri = record.analysis.get("report_uri")
+        record.note("analysis", **record.analysis)
+
+    # --- side effects that never block a capture ---------------------------------------------
+
+    def _annotate(self, record: CaptureRecord) -> None:
+        if self.annotations is None:
+            return
+        sync = self._syncs.get(record.capture_id)
+        if sync is None:
+            def changed(state: dict[str, Any], record=record) -> None:
+                record.annotation = state
+                record.note("annotation", **state)
+            sync = AnnotationSync(self.annotations, f"capture:{record.capture_id}", on_change=changed,
+                                  backoff_initial_s=self.annotation_backoff_s[0],
+                                  backoff_max_s=self.annotation_backoff_s[1],
+                                  context={"capture_id": record.capture_id})
+            self._syncs[record.capture_id] = sync
+        sync.set(capture_annotation(record.to_status(full=False), archive_root=self.settings.archive_root,
+                                    base_url=self.settings.report_base_url))
+
+    def _keep_copy(self, record: CaptureRecord) -> None:
+        if self.settings.state_dir is None:
+            return
+        try:
+            folder = Path(self.settings.state_dir) / "captures"
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".{record.capture_id}.json.tmp"
+            tmp.write_text(json.dumps(record.to_status(full=True), indent=1, sort_keys=True, default=str))
+            os.replace(tmp, folder / f"{record.capture_id}.json")
+        except OSError as exc:
+            self.log.warning("state.write_failed", capture_id=record.capture_id, error=str(exc))
+
+    def _evict(self) -> None:
+        while len(self.captures) > self.settings.max_captures:
+            victim = next((cid for cid, r in self.captures.items() if r.phase in Phase.DONE
+                           and r.analysis.get("state") != "running"), None)
+            if victim is None:
+                return
+            self.captures.pop(victim)
+            self._cancel.pop(victim, None)
+            self._tasks.pop(victim, None)
+            sync = self._syncs.pop(victim, None)
+            if sync is not None and sync.synced:
+                asyncio.ensure_future(sync.close())
+            elif sync is not None:
+                self._syncs[victim] = sync  # keep retrying the annotation; only the status is forgotten
