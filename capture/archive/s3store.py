@@ -35,8 +35,12 @@ class S3Store:
 
     def _fail(self, what: str, exc: Exception) -> ArchiveError:
         from botocore.exceptions import ClientError
-        code = exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
-        retryable = not isinstance(exc, ClientError) or code in _RETRYABLE
+        # boto3's transfer manager wraps S3's answer (S3UploadFailedError); judge by the answer itself
+        answer: BaseException | None = exc
+        while answer is not None and not isinstance(answer, ClientError):
+            answer = answer.__cause__ or answer.__context__
+        code = answer.response.get("Error", {}).get("Code", "") if isinstance(answer, ClientError) else ""
+        retryable = answer is None or code in _RETRYABLE
         return ArchiveError(f"{what}: {exc}", retryable=retryable)
 
     def put_file(self, local: Path, key: str) -> str:

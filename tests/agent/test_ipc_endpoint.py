@@ -1,0 +1,148 @@
+"""The builtin trigger: the agent's own answer to Kineto's IPC polls, byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import uuid
+
+import pytest
+
+from capture.dynolog import EndpointBusy, KinetoEndpoint, PidOutcome
+from capture.dynolog.ipcwire import endpoint_address
+
+CONFIG = "ACTIVITIES_LOG_FILE=/t/c/rank-0.json\nACTIVITIES_DURATION_MSECS=500"
+
+
+def test_addresses_follow_kineto():
+    # abstract: NUL + name + trailing NUL; Kineto's address length (2 + 9 = 11) covers both NULs
+    assert endpoint_address() == b"\0dynolog\0" and len(endpoint_address()) == 9
+    assert endpoint_address(socket_dir="/run/gl") == "/run/gl/dynolog"
+
+
+@pytest.fixture
+async def endpoint(sock_dir):
+    deliveries = []
+    ep = KinetoEndpoint(sock_dir, on_delivered=deliveries.append)
+    await ep.start()
+    ep.deliveries = deliveries
+    yield ep
+    await ep.stop()
+
+
+async def test_register_trigger_fetch_in_socket_dir_mode(endpoint, sock_dir, poller_factory):
+    assert os.stat(os.path.join(sock_dir, "dynolog")).st_mode & 0o777 == 0o666
+    worker = poller_factory(sock_dir, 7, [100, 50, 1])
+    assert await worker.apoll() == ""  # registered, nothing pending: an empty 40-byte answer
+    result = endpoint.trigger(CONFIG, [100], 7, trace_id="4242")
+    assert result.outcome_for(100) is PidOutcome.QUEUED
+    assert endpoint.deliveries == []  # queued is not delivered
+    got = await worker.apoll()
+    assert got == "\n    " + CONFIG + "\n    REQUEST_TRACE_ID=4242\n"
+    assert [(d.job_id, d.pid, d.trace_id) for d in endpoint.deliveries] == [(7, 100, "4242")]
+    assert await worker.apoll() == ""  # handed over once
+
+
+async def test_abstract_mode_with_the_trailing_nul(poller_factory):
+    name = f"dynolog-test-{uuid.uuid4().hex[:8]}"  # the machine's @dynolog may belong to someone else
+    ep = KinetoEndpoint(None, name=name)
+    await ep.start()
+    try:
+        addr = b"\0" + name.encode() + b"\0"
+        worker = poller_factory(None, 7, [100], server=addr)
+        assert await worker.apoll() == ""
+        ep.trigger(CONFIG, [100], 7)
+        assert CONFIG in await worker.apoll()
+        # without the trailing NUL it is another name: nobody listens there
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with pytest.raises(ConnectionRefusedError):
+            s.sendto(b"x" * 40, b"\0" + name.encode())
+        s.close()
+    finally:
+        await ep.stop()
+
+
+async def test_matches_the_leaf_pid_only_and_the_job(endpoint, sock_dir, poller_factory):
+    worker = poller_factory(sock_dir, 7, [100, 50, 1])
+    child = poller_factory(sock_dir, 7, [200, 100, 50, 1])  # inherited the job id, lists 100 as ancestor
+    other_pod = poller_factory(sock_dir, 8, [100, 60, 1])   # same pid in another pod: another job id
+    for p in (worker, child, other_pod):
+        await p.apoll()
+    result = endpoint.trigger(CONFIG, [100], 7, trace_id="1")
+    assert result.processes_matched == (100,) and result.activity_triggered == (100,)
+    assert await child.apoll() == "" and await other_pod.apoll() == ""
+    assert CONFIG in await worker.apoll()
+
+
+async def test_busy_while_tracing_and_until_fetched(endpoint, sock_dir, poller_factory):
+    worker = poller_factory(sock_dir, 7, [100])
+    await worker.apoll()
+    assert endpoint.trigger(CONFIG, [100], 7, trace_id="1").outcome_for(100) is PidOutcome.QUEUED
+    second = endpoint.trigger(CONFIG.replace("rank-0", "rank-9"), [100], 7, trace_id="2")
+    assert second.outcome_for(100) is PidOutcome.WAITING_FOR_SLOT and second.activity_busy == 1
+    assert await worker.apoll(config_type=1) == ""  # tracing: activities bit clear, nothing handed over
+    got = await worker.apoll()
+    assert "rank-0" in got and "REQUEST_TRACE_ID=1" in got and "rank-9" not in got
+    assert endpoint.trigger(CONFIG, [100], 7).outcome_for(100) is PidOutcome.QUEUED
+    assert endpoint.trigger(CONFIG, [999], 7).outcome_for(999) is PidOutcome.NOT_MATCHED
+
+
+async def test_malformed_datagrams_get_no_answer_and_do_not_break_it(endpoint, sock_dir, poller_factory):
+    p = poller_factory(sock_dir, 7, [100])
+    header = struct.Struct("<Q32s")
+    assert await asyncio.to_thread(p.raw_quiet, b"short") is None
+    assert await asyncio.to_thread(p.raw_quiet, header.pack(99, b"req") + b"\0" * 16) is None      # size lies
+    assert await asyncio.to_thread(p.raw_quiet, header.pack(16, b"req") + struct.pack("<iiq", 3, 0, 7)) is None  # n = 0
+    assert await asyncio.to_thread(p.raw_quiet, header.pack(4, b"hello") + b"abcd") is None         # unknown type
+    ctxt = await asyncio.to_thread(p.raw, header.pack(16, b"ctxt") + struct.pack("<iiq", 0, 100, 7))
+    assert ctxt[40:] == struct.pack("<i", 1)
+    assert await p.apoll() == ""  # still serving
+
+
+async def test_peers_outside_the_socket_dir_are_never_answered(endpoint, sock_dir, poller_factory, tmp_path):
+    """Kineto terminates the trainer if the answer's sender path is not under its own socket dir;
+    a trainer that reached us under another folder name must get silence, not an answer."""
+    other = os.path.join("/tmp", f"gl-{uuid.uuid4().hex[:6]}")
+    os.mkdir(other)
+    try:
+        stranger = poller_factory(other, 7, [100], server=os.path.join(sock_dir, "dynolog"))
+        assert await asyncio.to_thread(stranger.poll, 3, 0.5) is None
+        assert endpoint.processes() == []
+    finally:
+        stranger.close()
+        os.rmdir(other)
+
+
+async def test_silent_processes_are_forgotten(sock_dir, poller_factory):
+    ep = KinetoEndpoint(sock_dir, keepalive_s=0.2, gc_interval_s=0.1)
+    await ep.start()
+    try:
+        await poller_factory(sock_dir, 7, [100]).apoll()
+        assert len(ep.processes()) == 1
+        for _ in range(50):
+            if not ep.processes():
+                break
+            await asyncio.sleep(0.1)
+        assert ep.processes() == []
+        assert ep.trigger(CONFIG, [100], 7).outcome_for(100) is PidOutcome.NOT_MATCHED
+    finally:
+        await ep.stop()
+
+
+async def test_never_steals_a_live_endpoint_but_replaces_a_stale_file(sock_dir):
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = os.path.join(sock_dir, "dynolog")
+    live.bind(path)  # say, a dynolog daemon
+    try:
+        with pytest.raises(EndpointBusy):
+            await KinetoEndpoint(sock_dir).start()
+        assert os.path.exists(path)
+    finally:
+        live.close()
+    # the daemon is gone, its socket file stays: that one is ours to replace
+    ep = KinetoEndpoint(sock_dir)
+    await ep.start()
+    await ep.stop()
+    assert not os.path.exists(path)
