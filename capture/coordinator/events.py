@@ -32,6 +32,12 @@ class Subscription:
         except asyncio.TimeoutError:
             return None
 
+    def get_nowait(self) -> dict[str, Any] | None:
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
     def close(self) -> None:
         self.closed = True
         self._bus._subs.discard(self)
