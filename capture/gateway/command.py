@@ -1,15 +1,98 @@
-"""CLI entry for this component: `configure(parser)` adds its options, `run(args)` runs it."""
+"""`gpulens gateway`: Alertmanager webhook + manual capture requests -> the job's coordinator.
+
+Flags follow docs/ARCHITECTURE.md ("Command-line contract"); see docs/gateway.md.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
+from pathlib import Path
+
+from gpulens.logs import get_logger
+
+log = get_logger("gateway")
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    a = parser.add_argument
+    a("--listen", type=_host_port, default=("127.0.0.1", 9453), metavar="HOST:PORT", help="default 127.0.0.1:9453")
+    a("--token-file", type=Path, required=True, help="bearer token Alertmanager and people present")
+    a("--basic-auth-file", type=Path, help="'user:password' lines also accepted (Alertmanager basic_auth)")
+    a("--route", action="append", default=[], metavar="NAMESPACE/JOB=URL", help="a job's coordinator (repeatable)")
+    a("--routes-file", type=Path, help="JSON routes kept up to date by someone else (gpulens up)")
+    a("--coordinator-url-template", help="e.g. 'http://{service}.{namespace}.svc:9452' ({namespace}, {job}, {service})")
+    a("--coordinator-token-file", type=Path, required=True, help="bearer token for the coordinators")
+    a("--cooldown-s", type=float, default=600.0, help="per job: no alert starts a capture sooner after the last one")
+    a("--duration-ms", type=int, default=2000, help="window of alert-started captures")
+    a("--state-dir", type=Path, help="persist handled alert episodes here (repeats stay repeats after a restart)")
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
+    import aiohttp
+    from aiohttp import web
+
+    from capture.client.api import CaptureApi
+    from capture.coordinator.auth import Credentials, SecretFile
+
+    from .handling import Gateway, GatewaySettings
+    from .ledger import Ledger
+    from .routing import Router, parse_route
+    from .server import make_app
+
+    credentials = Credentials(tokens=(SecretFile.required(args.token_file),),
+                              basic=SecretFile.required(args.basic_auth_file) if args.basic_auth_file else None)
+    coordinator_token = SecretFile.required(args.coordinator_token_file)
+    router = Router(static=dict(parse_route(r) for r in args.route), routes_file=args.routes_file,
+                    template=args.coordinator_url_template)
+    ledger = Ledger.open(args.state_dir)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=16)) as session:
+        def api_for(url: str) -> CaptureApi:
+            return CaptureApi(session, url, coordinator_token.read(), timeout_s=5.0)
+        gateway = Gateway(GatewaySettings(cooldown_s=args.cooldown_s, duration_ms=args.duration_ms), router, ledger,
+                          api_for)
+        runner = web.AppRunner(make_app(gateway, credentials, api_for), access_log=None)
+        await runner.setup()
+        host, port = args.listen
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            log.error("gateway.listen_failed", listen=f"{host}:{port}", error=str(exc))
+            await runner.cleanup()
+            return 1
+        log.info("gateway.ready", listen=f"{host}:{port}", routes=len(router.static),
+                 routes_file=str(args.routes_file) if args.routes_file else None,
+                 template=args.coordinator_url_template)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"{sys.argv[0]}: this component is not built yet", file=sys.stderr)
-    return 1
+    if not (args.route or args.routes_file or args.coordinator_url_template):
+        print("gpulens gateway: give --route, --routes-file or --coordinator-url-template", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            return await serve(args, stop)
+        except ValueError as exc:
+            print(f"gpulens gateway: {exc}", file=sys.stderr)
+            return 2
+    return asyncio.run(main())
