@@ -81,7 +81,7 @@ def make_coordinator(tmp_path: Path, session: aiohttp.ClientSession, agents: Age
     if isinstance(agents, dict):  # node -> URL: a template over a tiny lookup, like {node_ip} in a cluster
         agents = _TableUrls(dict(agents))
     settings = CoordinatorSettings(job_id=job, attempt=attempt, namespace=namespace,
-                                   archive_root=f"file://{tmp_path / 'archive'}", deadlines=policy,
+                                   archive_root=kw.pop("archive_root", f"file://{tmp_path / 'archive'}"), deadlines=policy,
                                    fanout=kw.pop("fanout", FAST_FANOUT), state_dir=kw.pop("state_dir", None))
     discovery = discovery or LocalDiscovery(registry or tmp_path / "registry", job_id=job, attempt=attempt,
                                             namespace=namespace, agents=agents)

@@ -1,0 +1,155 @@
+"""Fan-out across two real `gpulens agent` processes (builtin trigger: the agent answers Kineto's
+IPC socket itself), each with a real armed PyTorch (CPU) worker in Kineto daemon mode. One agent
+is killed mid-capture: its target ends `agent_unreachable`, the other is archived (a real,
+checksummed trace), `gpulens capture start --wait` exits 3, and the manifest names the missing rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from capture.coordinator import DeadlinePolicy, FanoutSettings, make_app
+from capture.coordinator.auth import Credentials, SecretFile
+from capture.models import Manifest
+from hooks import hook_path
+from tests.conftest import free_port
+
+from .conftest import AGENT_TOKEN, make_coordinator
+from .servers import REPO, GpulensProcess, serving
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+TRAINER = str(REPO / "tests" / "agent" / "trainer.py")
+TOKEN = "coordinator-token"
+#: the nominal dynolog/Kineto path (poll <= 5 s + 7 s warm-up), tight margins: a 600 ms window
+REAL = DeadlinePolicy(start_delay_s=12.0, dispatch_s=2.0, write_s=3.0, write_per_window=0.5, archive_s=8.0,
+                      report_s=4.0)
+
+
+class Node:
+    """One node's hostPath folders, its worker process and its `gpulens agent`."""
+
+    def __init__(self, name: str, base: Path, archive: Path):
+        self.name, self.base, self.archive = name, base / name, archive
+        self.sock = tempfile.mkdtemp(prefix="gl-", dir="/tmp")      # sun_path: keep it short
+        for d in ("reg", "traces", "state"):
+            (self.base / d).mkdir(parents=True)
+            os.chmod(self.base / d, 0o1777)
+        os.chmod(self.sock, 0o777)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.trainer: subprocess.Popen | None = None
+        self.agent: GpulensProcess | None = None
+
+    def start_trainer(self, rank: int, world: int, stop_file: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_"))}
+        env.update(PYTHONPATH=str(hook_path()), OMP_NUM_THREADS="1", GPULENS_JOB_ID="train", GPULENS_ATTEMPT="0",
+                   GPULENS_NAMESPACE="ml", GPULENS_POD_NAME=f"train-{rank}", GPULENS_POD_UID=f"uid-train-{rank}",
+                   GPULENS_NODE_NAME=self.name, GPULENS_CONTAINER_NAME="trainer",
+                   GPULENS_REGISTRY_DIR=str(self.base / "reg"), GPULENS_TRACE_DIR=str(self.base / "traces"),
+                   GPULENS_SOCKET_DIR=self.sock, RANK=str(rank), LOCAL_RANK="0", GROUP_RANK=str(rank),
+                   WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="1")
+        self.log = open(self.base / "trainer.log", "wb")
+        self.trainer = subprocess.Popen([sys.executable, TRAINER, str(stop_file), "300"], env=env, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+    async def start_agent(self, token_file: Path) -> None:
+        self.agent = await GpulensProcess(
+            ["agent", "--listen", f"127.0.0.1:{self.port}", "--node", self.name, "--registry-dir", str(self.base / "reg"),
+             "--trace-dir", str(self.base / "traces"), "--state-dir", str(self.base / "state"),
+             "--archive-root", f"file://{self.archive}", "--trigger", "builtin", "--socket-dir", self.sock,
+             "--token-file", str(token_file)], self.base / "agent.log").start()
+        await self.agent.wait_ready(self.url)
+
+    def records(self) -> list[Path]:
+        return sorted((self.base / "reg").glob("*.json"))
+
+    async def stop(self) -> None:
+        if self.agent:
+            await self.agent.stop()
+        if self.trainer and self.trainer.poll() is None:
+            try:
+                await asyncio.to_thread(self.trainer.wait, 20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.trainer.pid, signal.SIGKILL)
+                self.trainer.wait()
+        if self.trainer:
+            self.log.close()
+        shutil.rmtree(self.sock, ignore_errors=True)
+
+
+async def test_one_real_agent_killed_mid_capture(tmp_path, http):
+    base = Path(tempfile.mkdtemp(prefix="gl-fanout-", dir="/var/tmp"))   # not /tmp: Kineto's own default
+    archive, stop_file, shared_reg = base / "archive", base / "stop", base / "registry"
+    token = base / "agent.token"
+    token.write_text(AGENT_TOKEN)
+    nodes = [Node("node-a", base, archive), Node("node-b", base, archive)]
+    try:
+        for rank, node in enumerate(nodes):
+            node.start_trainer(rank, len(nodes), stop_file)
+        await asyncio.gather(*(n.start_agent(token) for n in nodes))
+        end = time.time() + 180
+        while not all(n.records() for n in nodes):
+            assert time.time() < end, "the trainers did not register"
+            for n in nodes:
+                assert n.trainer.poll() is None, (n.base / "trainer.log").read_text()[-2000:]
+            await asyncio.sleep(0.3)
+        # the coordinator's registry view (in a cluster each agent reports its own node's records)
+        shared_reg.mkdir()
+        for n in nodes:
+            for rec in n.records():
+                (shared_reg / rec.name).symlink_to(rec)
+        await asyncio.sleep(1.0)                  # let each agent pick up its worker
+
+        c = make_coordinator(tmp_path, http, {n.name: n.url for n in nodes}, registry=shared_reg, policy=REAL,
+                             fanout=FanoutSettings(poll_interval_s=0.5, max_poll_interval_s=2.0),
+                             archive_root=f"file://{archive}")
+        (tmp_path / "c.token").write_text(TOKEN)
+        async with serving(make_app(c, Credentials(tokens=(SecretFile(tmp_path / "c.token"),)))) as url:
+            env = {**os.environ, "GPULENS_TOKEN": TOKEN}
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpulens.cli", "capture", "start", "--job", "train", "--duration-ms", "600",
+                "--wait", "--url", url, cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            # kill node-b's agent once it has accepted its target (mid-capture, before any trace exists)
+            end = time.time() + 60
+            while True:
+                rec = next(iter(c.captures.values()), None)
+                p = rec.targets.get("rank-1") if rec else None
+                if p is not None and p.accepted:
+                    break
+                assert time.time() < end, "the dispatch to node-b never landed"
+                await asyncio.sleep(0.05)
+            killed_in_state = p.state.value
+            await nodes[1].agent.stop(signal.SIGKILL)
+            out, err = await asyncio.wait_for(cli.communicate(), 200)
+        assert cli.returncode == 3, (out, err, (nodes[0].base / "agent.log").read_text()[-3000:])
+        cid, manifest_uri = out.decode().split()
+        assert "missing ranks [1]" in err.decode()
+        m = Manifest.from_json(Path(manifest_uri.removeprefix("file://")).read_text())
+        assert m.capture_id == cid and m.missing_ranks == [1]
+        (fail,) = m.failures
+        assert (fail.target_id, fail.rank, fail.reason) == ("rank-1", 1, "agent_unreachable")
+        assert killed_in_state in fail.detail
+        (art,) = m.artifacts
+        assert (art.rank, art.node, art.pod) == (0, "node-a", "train-0")
+        data = Path(art.uri.removeprefix("file://")).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size
+        trace = json.loads(data)
+        assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])       # a real Kineto trace
+    finally:
+        stop_file.touch()
+        await asyncio.gather(*(n.stop() for n in nodes))
+        shutil.rmtree(base, ignore_errors=True)
