@@ -135,7 +135,9 @@ class Runner:
             if a.grafana_token_file:
                 argv += ["--grafana-token-file", str(a.grafana_token_file)]
         else:
-            argv += ["--annotations-file", str(L.annotations_file)]
+            # links in annotations open through the local page, which serves the archive read-only
+            argv += ["--annotations-file", str(L.annotations_file),
+                     "--report-base-url", f"http://127.0.0.1:{P.ui}/archive"]
         return ChildSpec(f"coordinator-{namespace}-{job}-a{attempt}", argv,
                          ready=http_ready(f"http://127.0.0.1:{port}/healthz"), url=f"http://127.0.0.1:{port}")
 
