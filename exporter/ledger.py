@@ -78,16 +78,25 @@ class ProcessLedger:
         self._by_cgroup: dict[int, Workload] = {}
         self.exited_total = 0
 
-    def update(self, counters: Iterable[ProcessCounters], *, alive: Callable[[ProcessKey], bool],
+    def update(self, counters: Iterable[ProcessCounters], *, alive: Callable[[ProcessKey], bool] | None,
                workload_of: Callable[[int], Workload | None], gpu_of: Callable[[int], str | None],
                gpu_required: bool,
                reread: Callable[[ProcessKey], ProcessCounters | None] | None = None) -> list[ProcessKey]:
         """Take a fresh read of the map; returns keys of exited processes (already folded) to delete.
 
-        `reread` fetches an exited process's entry again after its death was seen, so calls it made
-        between the map read and its exit are not lost.
+        With `alive=None` (a scrape) only the counts are refreshed: exits, label settling and
+        expiry wait for the next full update (the discovery tick), so a scrape never reads /proc
+        per process and never attributes a pid it has not checked. `reread` fetches an exited
+        process's entry again after its death was seen, so calls it made between the map read and
+        its exit are not lost.
         """
         now = self._clock()
+        if alive is None:
+            for c in counters:
+                proc = self._procs.get(c.key)
+                if proc is not None:
+                    proc.last = c
+            return []
         seen: set[ProcessKey] = set()
         exited: list[ProcessKey] = []
         for c in counters:

@@ -155,7 +155,9 @@ class Exporter:
         else:
             self.health["ebpf"].waiting(self._no_library_reason())
 
-    def _sync_ledger(self, nv: NvmlSnapshot) -> None:
+    def _sync_ledger(self, nv: NvmlSnapshot, check_exits: bool = True) -> None:
+        """Fold a fresh map read into the ledger. Only the tick looks for exits and settles new
+        processes; a scrape just refreshes counts (see ProcessLedger.update)."""
         assert self.probes is not None
         try:
             counters = self.probes.read()
@@ -163,7 +165,7 @@ class Exporter:
             self.health["ebpf"].failing(f"reading BPF maps: {exc}")
             return
         exited = self.ledger.update(
-            counters, alive=lambda k: self.proc.same_process(k.tgid, k.start_ns),
+            counters, alive=(lambda k: self.proc.same_process(k.tgid, k.start_ns)) if check_exits else None,
             workload_of=self.attributor.attribute, gpu_of=nv.gpu_label,
             gpu_required=self.nvml is not None and self.nvml.enabled, reread=self.probes.read_one)
         if exited:
@@ -176,7 +178,7 @@ class Exporter:
             nv = self.nvml.snapshot() if self.nvml else NvmlSnapshot()
             data = ScrapeData(node=self.config.node)
             if self.probes is not None:
-                self._sync_ledger(nv)
+                self._sync_ledger(nv, check_exits=False)
                 data.workload_totals = self.ledger.totals()
                 data.probes_attached = self.probes.probes_attached
                 data.libraries_attached = len(self.probes.libraries)

@@ -128,8 +128,14 @@ def make_config(tmp_path: Path, lib: Path | None = None, **kw) -> ExporterConfig
     return ExporterConfig(**base)
 
 
-def scrape(exporter) -> dict[tuple[str, frozenset], float]:
-    """Everything on /metrics (through the real text exposition) as {(sample name, labels): value}."""
+def scrape(exporter, tick: bool = True) -> dict[tuple[str, frozenset], float]:
+    """Everything on /metrics (through the real text exposition) as {(sample name, labels): value}.
+
+    By default the discovery tick runs first, as the exporter's background loop would have by the
+    time Prometheus scrapes again (a scrape alone does not pick up new or exited processes).
+    """
+    if tick and hasattr(exporter, "tick"):
+        exporter.tick()
     text = generate_latest(exporter.registry).decode()
     out = {}
     for fam in text_string_to_metric_families(text):

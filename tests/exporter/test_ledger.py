@@ -139,3 +139,17 @@ def test_retired_series_stays_while_a_process_of_it_lives():
     w.update(led, [counters(B, 2)])
     assert led.totals()[SeriesKey("0", "ns", "pod-a", "c")].launches == 12
 
+
+
+def test_a_scrape_only_refreshes_counts():
+    """alive=None: no exits, no settling, no /proc reads; the next tick does those."""
+    w = World()
+    led = w.ledger()
+    w.update(led, [counters(A, 1)])
+    calls = []
+    out = led.update([counters(A, 5), counters(B, 9)], alive=None,
+                     workload_of=lambda pid: calls.append(pid), gpu_of=lambda pid: calls.append(pid),
+                     gpu_required=True)
+    assert out == [] and calls == []
+    assert led.totals()[SeriesKey("0", "ns", "pod-a", "c")].launches == 5     # B waits for the tick
+    assert led.tracked == 1

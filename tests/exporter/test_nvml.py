@@ -129,7 +129,7 @@ def test_contention_memory_and_utilisation_per_pod(sleepers, tmp_path):
         assert value(s, "gpulens_process_gpu_utilization_ratio", gpu="0", pod="trainer-a") == pytest.approx(0.5)
         assert value(s, "gpulens_exporter_source_up", source="nvml") == 1
         fake.fail_with = "NVML call failed"
-        s = scrape(exp)
+        s = scrape(exp, tick=False)
         assert value(s, "gpulens_gpu_pods", gpu="0") is None
         assert value(s, "gpulens_exporter_source_up", source="nvml") == 0
         assert value(s, "gpulens_exporter_source_errors_total", source="nvml") == 1

@@ -112,7 +112,12 @@ def test_cli_end_to_end_with_probes(run_exporter, port, stub, libcuda, workloads
     wait_for(attached, timeout=30, what="library attached")
     w.go()
     rep = w.report()
-    fams = {f.name: f for f in text_string_to_metric_families(_get(url + "/metrics")[2].decode())}
+
+    def counted():
+        fams = {f.name: f for f in text_string_to_metric_families(_get(url + "/metrics")[2].decode())}
+        fam = fams.get("gpulens_kernel_launches")
+        return fams if fam and fam.samples and fam.samples[0].value == rep["launches"] else None
+    fams = wait_for(counted, timeout=30, what="launches counted (next discovery tick)")
     (launches,) = fams["gpulens_kernel_launches"].samples
     assert launches.value == rep["launches"] == 3000
     assert launches.labels == {"node": "n-e2e", "gpu": "unknown", "namespace": "local", "pod": "cuda-workload",

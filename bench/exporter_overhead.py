@@ -1,0 +1,231 @@
+"""Exporter costs on the CUDA stand-in, measured side by side in one run (medians).
+
+1. Cost per probed launch: the same launch loop (kernel time 0, so the loop is launch-bound at
+   10^5-10^6 launches/s) with no probe, with an empty probe (the uprobe alone) and with gpulens's
+   probes, interleaved round by round.
+2. Exporter CPU while a workload launches flat out and Prometheus scrapes every second: the
+   `gpulens exporter` process's own CPU time (the probes' cost is charged to the workload, in 1).
+3. Scrape and discovery time with N live processes in the map, each its own pod.
+
+Needs root, bcc and gcc. Usage: sudo .venv/bin/python bench/exporter_overhead.py [--rounds 5] [--procs 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from exporter.config import ExporterConfig  # noqa: E402
+from exporter.probes import DriverProbes  # noqa: E402
+from exporter.service import Exporter  # noqa: E402
+from exporter.stub import build_stub  # noqa: E402
+
+
+def launch_loop(stub, lib: Path, launches: int) -> float:
+    """Seconds the workload spent in a launch-only loop of `launches` cuLaunchKernel calls."""
+    out = subprocess.run([str(stub.workload), "--lib", str(lib), "--steps", str(launches // 1000), "--kernels", "1000",
+                          "--sync-every", "0"], capture_output=True, text=True, check=True, env=stub.env())
+    return json.loads(out.stdout.splitlines()[-1])["wall_seconds"]
+
+
+def attach(probes: DriverProbes, lib: Path) -> None:
+    st = os.stat(lib)
+    result = probes.attach((st.st_dev, st.st_ino), str(lib))
+    assert result.attached and not result.errors, result
+
+
+def per_call_cost(stub, lib: Path, rounds: int, launches: int) -> dict:
+    full, empty = DriverProbes(max_processes=1024, max_inflight=1024), DriverProbes(empty=True)
+    key = (os.stat(lib).st_dev, os.stat(lib).st_ino)
+    samples: dict[str, list[float]] = {"none": [], "empty": [], "gpulens": []}
+    launch_loop(stub, lib, 10_000)                                     # warm caches
+    for _ in range(rounds):
+        samples["none"].append(launch_loop(stub, lib, launches))
+        attach(empty, lib)
+        samples["empty"].append(launch_loop(stub, lib, launches))
+        empty.detach(key)
+        attach(full, lib)
+        samples["gpulens"].append(launch_loop(stub, lib, launches))
+        counted = sum(c.launches for c in full.read())
+        full.detach(key)
+        full.forget([c.key for c in full.read()])
+        assert counted == launches, (counted, launches)             # every launch was counted
+    full.close()
+    empty.close()
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {
+        "launches_per_run": launches,
+        "rounds": rounds,
+        "rate_per_s": {k: round(launches / v) for k, v in med.items()},
+        "ns_per_call": {k: round(v / launches * 1e9, 1) for k, v in med.items()},
+        "probe_cost_ns": round((med["gpulens"] - med["none"]) / launches * 1e9, 1),
+        "handler_cost_ns": round((med["gpulens"] - med["empty"]) / launches * 1e9, 1),
+        "wall_ratio_gpulens_vs_none": round(med["gpulens"] / med["none"], 2),
+        "wall_ratio_gpulens_vs_empty": round(med["gpulens"] / med["empty"], 3),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _gauge(url: str, name: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return None
+    for fam in text_string_to_metric_families(text):
+        if fam.name == name and fam.samples:
+            return fam.samples[0].value
+    return None
+
+
+def exporter_cpu(stub, lib: Path, seconds: float) -> dict:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    exe = REPO / ".venv" / "bin" / "gpulens"
+    proc = subprocess.Popen([str(exe), "exporter", "--listen", f"127.0.0.1:{port}", "--nvml", "off",
+                             "--library-glob", glob.escape(str(lib.parent)) + "/libcuda.so*"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    work = subprocess.Popen([str(stub.workload), "--lib", str(lib), "--wait-stdin", "--duration", str(seconds + 5),
+                             "--kernels", "1000", "--sync-every", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=stub.env())
+    try:
+        work.stdout.readline()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _gauge(url, "gpulens_exporter_libraries_attached") != 1:
+            time.sleep(0.2)
+        work.stdin.write("go\n")
+        work.stdin.flush()
+        time.sleep(1.0)
+        cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
+        scrapes = []
+        while time.monotonic() - t0 < seconds:
+            s = time.perf_counter()
+            urllib.request.urlopen(url, timeout=10).read()
+            scrapes.append(time.perf_counter() - s)
+            time.sleep(max(0.0, 1.0 - (time.perf_counter() - s)))
+        cpu1, t1 = _cpu_seconds(proc.pid), time.monotonic()
+        rep = json.loads(work.communicate("x\n", timeout=60)[0].splitlines()[-1])
+        return {"seconds": round(t1 - t0, 1), "workload_launch_rate_per_s": round(rep["launches"] / rep["wall_seconds"]),
+                "exporter_cpu_percent_of_one_core": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
+                "scrape_ms_median": round(1000 * statistics.median(scrapes), 2), "scrapes": len(scrapes)}
+    finally:
+        for p in (work, proc):
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+def many_processes(stub, lib: Path, n: int, scrapes: int) -> dict:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * n + 256)), hard))
+    tmp = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
+    reg = tmp / "registry"
+    reg.mkdir()
+    cfg = ExporterConfig(node="bench", library_globs=(glob.escape(str(lib.parent)) + "/libcuda.so*",), nvml="off",
+                         registry_dir=reg, max_processes=max(16384, 2 * n))
+    exp = Exporter(cfg)
+    exp.start()
+    procs = []
+    try:
+        for i in range(n):
+            p = subprocess.Popen([str(stub.workload), "--lib", str(lib), "--wait-stdin", "--steps", "1", "--kernels", "10",
+                                  "--h2d-bytes", "64", "--sync-every", "1"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=stub.env())
+            procs.append(p)
+        pidns = os.readlink("/proc/self/ns/pid")
+        for i, p in enumerate(procs):
+            assert p.stdout.readline().startswith("ready")
+            (reg / f"bench__a0__r{i}__ns0__p{p.pid}.json").write_text(json.dumps({
+                "namespace": "bench", "pod": f"pod-{i:04d}", "container": "c", "pid": p.pid, "host_pid": p.pid,
+                "pid_namespace": pidns, "start_time": time.time()}))
+        while not exp.probes.libraries:
+            exp.tick()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for p in procs:
+            p.stdout.readline()                 # report: its calls are done, it now waits
+        ticks = []
+        for _ in range(5):
+            s = time.perf_counter()
+            exp.tick()
+            ticks.append(time.perf_counter() - s)
+        times, size = [], 0
+        from prometheus_client import generate_latest
+        for _ in range(scrapes):
+            s = time.perf_counter()
+            size = len(generate_latest(exp.registry))
+            times.append(time.perf_counter() - s)
+        series = sum(1 for k in exp.ledger.totals() if k.namespace == "bench")
+        assert series == n, (series, n)
+        return {"processes": n, "series": series, "scrape_ms_median": round(1000 * statistics.median(times), 1),
+                "scrape_bytes": size, "tick_ms_median": round(1000 * statistics.median(ticks), 1)}
+    finally:
+        for p in procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+        exp.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--launches", type=int, default=200_000)
+    ap.add_argument("--cpu-seconds", type=float, default=10.0)
+    ap.add_argument("--procs", type=int, default=1000)
+    ap.add_argument("--scrapes", type=int, default=10)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (eBPF)", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="gpulens-bench-lib-"))
+    try:
+        stub = build_stub()
+        lib = tmp / "libcuda.so.1"
+        shutil.copy2(stub.libcuda, lib)
+        results = {"per_call": per_call_cost(stub, lib, args.rounds, args.launches),
+                   "exporter_cpu": exporter_cpu(stub, lib, args.cpu_seconds),
+                   "many_processes": many_processes(stub, lib, args.procs, args.scrapes)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
