@@ -23,6 +23,7 @@ ATTEMPT = "gpulens.dev/attempt"                     # attempt number (GPULENS_AT
 ARM_OPT_OUT = "gpulens.dev/arm"                     # "false" on a pod: the webhook leaves it alone
 LOCAL_WORLD_SIZE = "gpulens.dev/local-world-size"   # annotation: worker processes per pod
 WORLD_SIZE = "gpulens.dev/world-size"               # annotation: worker processes in the job (optional)
+BASE_RANK = "gpulens.dev/base-rank"                 # annotation: global rank of the pod's local rank 0 (optional)
 CONTAINERS = "gpulens.dev/containers"               # annotation: comma list of containers to arm (default: the first)
 
 # On namespaces: the webhook only runs where this is set (opt-in per namespace).

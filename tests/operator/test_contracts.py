@@ -146,3 +146,21 @@ def test_names_are_valid_and_distinct_for_awkward_job_ids():
     for n in names | {L.service_name(i) for i in ids}:
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) and len(n) <= 63, n
     assert L.coordinator_name("llama", 0) == "gpulens-llama-a0" and L.service_name("llama") == "gpulens-llama"
+
+
+@pytest.mark.parametrize("job_id", ["llama", "Llama_V2", "x" * 70, "7b.run"])
+def test_the_gateway_finds_the_service_the_operator_creates(job_id):
+    try:
+        from capture.gateway.routing import Router
+    except ImportError:
+        pytest.skip("capture.gateway.routing is not in this checkout yet")
+    objs = render()
+    args = containers(one(objs, "Deployment", "-gateway"))["gateway"]["args"]
+    template = next(a.split("=", 1)[1] for a in args if a.startswith("--coordinator-url-template="))
+    cc = _sample_cc()
+    cc["spec"]["jobId"] = job_id
+    cc["metadata"]["namespace"] = "ml"
+    config = operator_config()
+    from capture.operator.manifests import endpoint_of
+    assert Router(template=template).resolve("ml", job_id).url == endpoint_of(cc, config)
+    assert coordinator_service(cc, config)["metadata"]["name"] in endpoint_of(cc, config)
