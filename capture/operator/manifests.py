@@ -134,7 +134,8 @@ def coordinator_pod(cc: Mapping[str, Any], config: OperatorConfig) -> dict[str, 
         "volumeMounts": [{"name": "tokens", "mountPath": TOKENS_MOUNT, "readOnly": True},
                          {"name": "state", "mountPath": STATE_DIR},
                          {"name": "tmp", "mountPath": "/tmp"}],
-        "env": [{"name": "GPULENS_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "env": [{"name": "GPULENS_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "HOME", "value": "/tmp"}],   # read-only root: libraries that cache under ~ write here
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
