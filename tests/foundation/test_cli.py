@@ -32,13 +32,20 @@ def test_each_subcommand_has_help(name, capsys):
     assert f"gpulens {name}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["agent", "exporter", "version"])
+@pytest.mark.parametrize("name", EXPECTED)
 def test_unknown_option_is_a_one_line_error_with_exit_2(name):
     out = run(name, "--no-such-option")
-    assert out.returncode == 2
+    assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
-    assert "--no-such-option" in lines[0] and lines[0].startswith(f"gpulens {name}: error:")
+    assert lines[0].startswith(f"gpulens {name}: error:")
+
+
+@pytest.mark.parametrize("name", ["exporter", "version", "hook-path"])
+def test_unknown_option_is_named(name):
+    # subcommands without required arguments report the unknown option itself
+    out = run(name, "--no-such-option")
+    assert out.returncode == 2 and "--no-such-option" in out.stderr
 
 
 def test_unknown_command_exits_2():
