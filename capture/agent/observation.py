@@ -107,5 +107,5 @@ class Observer:
                     full = os.path.join(directory, name)
                     if full not in self._reported:
                         self._reported.add(full)
-                        _log.info("observe.unexpected_file", path=full)
+                        _log.debug("observe.unbound_file", path=full)
         return found

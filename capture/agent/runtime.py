@@ -93,26 +93,39 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
         trigger = DynologTrigger(DynologClient.from_addr(o.dynolog_addr, timeout_s=o.dynolog_timeout_s))
     else:
         raise ValueError(f"unknown trigger {o.trigger!r}: auto, builtin or dynolog")
-    registry = WorkerRegistry(Path(o.registry_dir), stale_grace_s=o.stale_grace_s)
-    store = StatusStore(Path(o.state_dir))
     observer = Observer()
-    observer.start()
     # spawn, not fork: the parent has an event loop and threads; workers import only the verifier
     pool = ProcessPoolExecutor(max_workers=o.verify_workers, mp_context=multiprocessing.get_context("spawn"))
-    settings = PipelineSettings(node=o.node, trace_dir=Path(o.trace_dir), archive_root=o.archive_root,
-                                retry_interval_s=o.retry_interval_s, keep_local=o.keep_local,
-                                archive_policy=o.archive_policy)
-    pipeline = Pipeline(settings, registry=registry, trigger=trigger, store=store, observer=observer,
-                        verify_pool=pool, archive=archive)
-    agent = Agent(pipeline=pipeline, store=store, registry=registry, archive_root=o.archive_root,
-                  housekeeping=Housekeeping())
-    if endpoint is not None:
-        endpoint.on_delivered = agent.on_delivered
-    await agent.start()
-    runner = web.AppRunner(make_app(agent, o.token, max_body_bytes=o.max_body_bytes), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, o.host, o.port)
-    await site.start()
+    agent: Agent | None = None
+    runner: web.AppRunner | None = None
+    try:
+        registry = WorkerRegistry(Path(o.registry_dir), stale_grace_s=o.stale_grace_s)
+        store = StatusStore(Path(o.state_dir))
+        observer.start()
+        settings = PipelineSettings(node=o.node, trace_dir=Path(o.trace_dir), archive_root=o.archive_root,
+                                    retry_interval_s=o.retry_interval_s, keep_local=o.keep_local,
+                                    archive_policy=o.archive_policy)
+        pipeline = Pipeline(settings, registry=registry, trigger=trigger, store=store, observer=observer,
+                            verify_pool=pool, archive=archive)
+        agent = Agent(pipeline=pipeline, store=store, registry=registry, archive_root=o.archive_root,
+                      housekeeping=Housekeeping())
+        if endpoint is not None:
+            endpoint.on_delivered = agent.on_delivered
+        await agent.start()
+        runner = web.AppRunner(make_app(agent, o.token, max_body_bytes=o.max_body_bytes), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, o.host, o.port)
+        await site.start()
+    except BaseException:
+        if runner is not None:
+            await runner.cleanup()
+        if agent is not None:
+            await agent.stop()
+        await observer.stop()
+        if endpoint is not None:
+            await endpoint.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     port = runner.addresses[0][1]
     _log.info("agent.listening", host=o.host, port=port, node=o.node, trigger=backend,
               ipc=endpoint.describe() if endpoint else None, archive_root=o.archive_root)

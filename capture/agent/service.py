@@ -10,7 +10,6 @@ queued ones still land (stock dynolog cannot retract a config), and are archived
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -98,9 +97,7 @@ class Agent:
             by_capture.setdefault(rec.capture_id, []).append(rec)
         for capture_id, recs in by_capture.items():
             if all(r.status.terminal and r.status.updated_at < cutoff for r in recs):
-                for r in recs:
-                    self.store._records.pop(r.key, None)
-                shutil.rmtree(self.store.root / capture_id, ignore_errors=True)
+                self.store.forget(capture_id)
                 _log.info("store.capture_forgotten", capture_id=capture_id)
 
     # --- API operations -----------------------------------------------------------------------

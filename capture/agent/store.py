@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -104,6 +105,12 @@ class StatusStore:
 
     def all(self) -> list[TargetRecord]:
         return list(self._records.values())
+
+    def forget(self, capture_id: str) -> None:
+        """Drop a capture's facts from memory and disk (retention)."""
+        for key in [k for k in self._records if k[0] == capture_id]:
+            del self._records[key]
+        shutil.rmtree(self.root / capture_id, ignore_errors=True)
 
     def put(self, rec: TargetRecord) -> None:
         """Persist `rec` (atomically) and keep it in memory."""

@@ -1,0 +1,64 @@
+"""Run inside a fresh network namespace (`unshare --net`): the builtin endpoint on the abstract
+`@dynolog\\0` socket, one real torch trainer without KINETO_IPC_SOCKET_DIR, one trace.
+
+Abstract sockets are per network namespace, so a private namespace keeps this test from meeting
+any other `@dynolog` on the machine. Prints one JSON line with what happened.
+
+    unshare --net python abstract_probe.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from capture.dynolog import KinetoEndpoint, PidOutcome, TraceConfig, build_config, kineto_trace_path  # noqa: E402
+
+JOB = 77
+
+
+async def main(out: Path) -> dict:
+    delivered = []
+    ep = KinetoEndpoint(None, on_delivered=delivered.append)  # abstract @dynolog\0
+    await ep.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_", "PYTHONPATH"))}
+    env.update(KINETO_USE_DAEMON="1", SLURM_JOB_ID=str(JOB), OMP_NUM_THREADS="1")
+    stop = out / "stop"
+    trainer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trainer.py")), str(stop), "120"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result: dict = {"address": ep.describe()}
+    try:
+        end = time.time() + 60
+        while not any(p.job_id == JOB and p.leaf == trainer.pid for p in ep.processes()):
+            assert time.time() < end, "the trainer never polled the abstract socket"
+            await asyncio.sleep(0.2)
+        log_file = str(out / "abstract" / "rank-0.json")
+        (out / "abstract").mkdir()
+        answer = ep.trigger(build_config(TraceConfig(log_file, 500, ("cpu_op",))), [trainer.pid], JOB, trace_id="31337")
+        result["outcome"] = answer.outcome_for(trainer.pid).value
+        final = Path(kineto_trace_path(log_file, trainer.pid))
+        while answer.outcome_for(trainer.pid) is PidOutcome.QUEUED and not final.exists():
+            assert time.time() < end + 30, "no trace file"
+            await asyncio.sleep(0.2)
+        doc = json.loads(final.read_text())
+        result.update(file=str(final), trace_id=doc.get("trace_id"), delivered=[d.pid for d in delivered],
+                      pid=trainer.pid, cats=sorted({e.get("cat") for e in doc["traceEvents"] if e.get("cat")}))
+    finally:
+        stop.touch()
+        try:
+            trainer.wait(20)
+        except subprocess.TimeoutExpired:
+            trainer.kill()
+        await ep.stop()
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(Path(sys.argv[1])))), flush=True)
