@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -86,6 +87,10 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
     endpoint: KinetoEndpoint | None = None
     trigger: Trigger
     if backend == "builtin":
+        if o.socket_dir and not os.path.isdir(o.socket_dir):
+            os.makedirs(o.socket_dir)
+            os.chmod(o.socket_dir, 0o1777)  # trainers (any uid) create their client sockets here
+            _log.info("ipc.socket_dir_created", path=o.socket_dir)
         endpoint = KinetoEndpoint(o.socket_dir)
         await endpoint.start()
         trigger = BuiltinTrigger(endpoint)

@@ -107,7 +107,7 @@ class KinetoEndpoint:
             sock.close()
             if exc.errno == errno.EADDRINUSE:
                 raise EndpointBusy(exc.errno, f"another endpoint is bound at {self.describe()}") from exc
-            raise
+            raise OSError(exc.errno, f"cannot bind Kineto's IPC endpoint at {self.describe()}: {exc.strerror}") from exc
         sock.setblocking(False)
         loop = asyncio.get_running_loop()
         self._transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
