@@ -13,9 +13,11 @@ Needs root, bcc and gcc. Usage: sudo .venv/bin/python bench/exporter_overhead.py
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import json
 import os
+import random
 import resource
 import shutil
 import socket
@@ -36,6 +38,34 @@ from exporter.service import Exporter  # noqa: E402
 from exporter.stub import build_stub  # noqa: E402
 
 
+class _ProgInfo(ctypes.Structure):
+    """struct bpf_prog_info up to run_cnt (uapi/linux/bpf.h)."""
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
+                ("jited_prog_len", ctypes.c_uint32), ("xlated_prog_len", ctypes.c_uint32),
+                ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
+                ("load_time", ctypes.c_uint64), ("created_by_uid", ctypes.c_uint32), ("nr_map_ids", ctypes.c_uint32),
+                ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16), ("ifindex", ctypes.c_uint32),
+                ("gpl_compatible", ctypes.c_uint32), ("netns_dev", ctypes.c_uint64), ("netns_ino", ctypes.c_uint64),
+                ("nr_jited_ksyms", ctypes.c_uint32), ("nr_jited_func_lens", ctypes.c_uint32),
+                ("jited_ksyms", ctypes.c_uint64), ("jited_func_lens", ctypes.c_uint64), ("btf_id", ctypes.c_uint32),
+                ("func_info_rec_size", ctypes.c_uint32), ("func_info", ctypes.c_uint64),
+                ("nr_func_info", ctypes.c_uint32), ("nr_line_info", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
+                ("jited_line_info", ctypes.c_uint64), ("nr_jited_line_info", ctypes.c_uint32),
+                ("line_info_rec_size", ctypes.c_uint32), ("jited_line_info_rec_size", ctypes.c_uint32),
+                ("nr_prog_tags", ctypes.c_uint32), ("prog_tags", ctypes.c_uint64), ("run_time_ns", ctypes.c_uint64),
+                ("run_cnt", ctypes.c_uint64)]
+
+
+def prog_run_stats(fd: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) the kernel accounts to a BPF program while kernel.bpf_stats_enabled=1."""
+    info = _ProgInfo()
+    attr = (ctypes.c_uint32 * 4)(fd, ctypes.sizeof(info), ctypes.addressof(info) & 0xFFFFFFFF, ctypes.addressof(info) >> 32)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(ctypes.c_long(321), ctypes.c_long(15), attr, ctypes.c_uint(16)) != 0:   # BPF_OBJ_GET_INFO_BY_FD
+        raise OSError(ctypes.get_errno(), "BPF_OBJ_GET_INFO_BY_FD")
+    return info.run_time_ns, info.run_cnt
+
+
 def launch_loop(stub, lib: Path, launches: int) -> float:
     """Seconds the workload spent in a launch-only loop of `launches` cuLaunchKernel calls."""
     out = subprocess.run([str(stub.workload), "--lib", str(lib), "--steps", str(launches // 1000), "--kernels", "1000",
@@ -54,19 +84,38 @@ def per_call_cost(stub, lib: Path, rounds: int, launches: int) -> dict:
     key = (os.stat(lib).st_dev, os.stat(lib).st_ino)
     samples: dict[str, list[float]] = {"none": [], "empty": [], "gpulens": []}
     launch_loop(stub, lib, 10_000)                                     # warm caches
+    handler_ns: list[float] = []
+    stats_file = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_was = stats_file.read_text().strip() if stats_file.exists() else None
+    if stats_was is not None:
+        stats_file.write_text("1")            # the kernel then times every BPF program run
+    rng = random.Random(1)
     for _ in range(rounds):
-        samples["none"].append(launch_loop(stub, lib, launches))
-        attach(empty, lib)
-        samples["empty"].append(launch_loop(stub, lib, launches))
-        empty.detach(key)
-        attach(full, lib)
-        samples["gpulens"].append(launch_loop(stub, lib, launches))
-        counted = sum(c.launches for c in full.read())
-        full.detach(key)
-        full.forget([c.key for c in full.read()])
-        assert counted == launches, (counted, launches)             # every launch was counted
+        order = ["none", "empty", "gpulens"]
+        rng.shuffle(order)                      # no configuration always runs first or last
+        for config in order:
+            if config == "none":
+                samples["none"].append(launch_loop(stub, lib, launches))
+            elif config == "empty":
+                attach(empty, lib)
+                samples["empty"].append(launch_loop(stub, lib, launches))
+                empty.detach(key)
+            else:
+                attach(full, lib)
+                fd = full._funcs[("on_entry", 48)] if full.multi_links else None
+                before = prog_run_stats(fd) if fd is not None else (0, 0)
+                samples["gpulens"].append(launch_loop(stub, lib, launches))
+                if fd is not None:
+                    after = prog_run_stats(fd)
+                    handler_ns.append((after[0] - before[0]) / max(1, after[1] - before[1]))
+                counted = sum(c.launches for c in full.read())
+                full.detach(key)
+                full.forget([c.key for c in full.read()])
+                assert counted == launches, (counted, launches)     # every launch was counted
     full.close()
     empty.close()
+    if stats_was is not None:
+        stats_file.write_text(stats_was)
     med = {k: statistics.median(v) for k, v in samples.items()}
     return {
         "launches_per_run": launches,
@@ -74,7 +123,8 @@ def per_call_cost(stub, lib: Path, rounds: int, launches: int) -> dict:
         "rate_per_s": {k: round(launches / v) for k, v in med.items()},
         "ns_per_call": {k: round(v / launches * 1e9, 1) for k, v in med.items()},
         "probe_cost_ns": round((med["gpulens"] - med["none"]) / launches * 1e9, 1),
-        "handler_cost_ns": round((med["gpulens"] - med["empty"]) / launches * 1e9, 1),
+        "uprobe_trap_ns": round((med["empty"] - med["none"]) / launches * 1e9, 1),
+        "bpf_handler_ns_kernel_stats": round(statistics.median(handler_ns), 1) if handler_ns else None,
         "wall_ratio_gpulens_vs_none": round(med["gpulens"] / med["none"], 2),
         "wall_ratio_gpulens_vs_empty": round(med["gpulens"] / med["empty"], 3),
     }
@@ -108,7 +158,7 @@ def exporter_cpu(stub, lib: Path, seconds: float) -> dict:
     url = f"http://127.0.0.1:{port}/metrics"
     exe = REPO / ".venv" / "bin" / "gpulens"
     proc = subprocess.Popen([str(exe), "exporter", "--listen", f"127.0.0.1:{port}", "--nvml", "off",
-                             "--library-glob", glob.escape(str(lib.parent)) + "/libcuda.so*"],
+                             "--library-glob", glob.escape(str(lib))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     work = subprocess.Popen([str(stub.workload), "--lib", str(lib), "--wait-stdin", "--duration", str(seconds + 5),
                              "--kernels", "1000", "--sync-every", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -146,7 +196,7 @@ def many_processes(stub, lib: Path, n: int, scrapes: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
     reg = tmp / "registry"
     reg.mkdir()
-    cfg = ExporterConfig(node="bench", library_globs=(glob.escape(str(lib.parent)) + "/libcuda.so*",), nvml="off",
+    cfg = ExporterConfig(node="bench", library_globs=(glob.escape(str(lib)),), nvml="off",
                          registry_dir=reg, max_processes=max(16384, 2 * n))
     exp = Exporter(cfg)
     exp.start()
@@ -216,7 +266,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpulens-bench-lib-"))
     try:
         stub = build_stub()
-        lib = tmp / "libcuda.so.1"
+        # A name other exporters' default glob (libcuda.so*) does not match, so no other exporter
+        # running on this machine probes the benchmark's library.
+        lib = tmp / "libgpulens-bench-cuda.so.1"
         shutil.copy2(stub.libcuda, lib)
         results = {"per_call": per_call_cost(stub, lib, args.rounds, args.launches),
                    "exporter_cpu": exporter_cpu(stub, lib, args.cpu_seconds),

@@ -117,7 +117,7 @@ class Exporter:
     # ---- the tick ----------------------------------------------------------------------------
 
     def tick(self) -> None:
-        with self._lock:
+        with self._lock, self.proc.snapshot():
             if self.registrations is not None:
                 self.registrations.refresh()
             nv = self.nvml.snapshot() if self.nvml else NvmlSnapshot()
