@@ -22,6 +22,7 @@ class Deadlines:
     requested_at: float
     agent: float        # sent in each dispatch: the agent fails what is not archived by then
     coordinator: float  # after this, the coordinator stops waiting and converges
+    quiet_until: float = 0.0  # no trace can exist before this: agents are polled less often until then
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class DeadlinePolicy:
     archive_s: float = 20.0         # verify + archive on the node
     report_s: float = 10.0          # agent deadline -> coordinator deadline (a few polls)
     max_start_delay_s: float = 120.0
+    kineto_poll_s: float = 5.0      # the trainer polls for configs this often: traces start 0..5 s apart
 
     def compute(self, requested_at: float, duration_ms: int, observed_start_delay_s: float | None = None) -> Deadlines:
         window = duration_ms / 1000.0
@@ -40,7 +42,8 @@ class DeadlinePolicy:
         if observed_start_delay_s is not None:
             start = min(max(start, observed_start_delay_s * 1.25), max(self.max_start_delay_s, self.start_delay_s))
         agent = requested_at + self.dispatch_s + start + window + self.write_s + self.write_per_window * window + self.archive_s
-        return Deadlines(requested_at, agent, agent + self.report_s)
+        quiet = requested_at + max(0.0, self.start_delay_s - self.kineto_poll_s) + window
+        return Deadlines(requested_at, agent, agent + self.report_s, quiet)
 
 
 @dataclass

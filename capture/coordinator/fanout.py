@@ -30,6 +30,7 @@ log = get_logger("coordinator")
 @dataclass(frozen=True)
 class FanoutSettings:
     poll_interval_s: float = 1.0
+    quiet_poll_interval_s: float = 3.0   # before any trace can exist (each poll costs ~0.5 ms CPU per target)
     max_poll_interval_s: float = 5.0     # while an agent does not answer
     dispatch_concurrency: int = 8        # per agent
     backoff_initial_s: float = 0.25
@@ -167,8 +168,7 @@ class AgentWorker:
                     except asyncio.TimeoutError:
                         pass
                 await self._poll()
-                interval = self.settings.poll_interval_s if self.answering else \
-                    min(interval * 2, self.settings.max_poll_interval_s)
+                interval = self._next_interval(interval)
         finally:
             for task in self._dispatching.values():
                 task.cancel()
@@ -177,6 +177,14 @@ class AgentWorker:
             reason, detail = overdue_failure(p, self.answering, self.last_error)
             self.record.update(p.target.target_id, TargetState.FAILED, reason, detail)
             self.log.warning("target.overdue", target_id=p.target.target_id, reason=reason.value)
+
+    def _next_interval(self, interval: float) -> float:
+        if not self.answering:
+            return min(interval * 2, self.settings.max_poll_interval_s)
+        if time.time() < self.record.quiet_until:   # Kineto is still warming up: only failures can show
+            return min(self.settings.quiet_poll_interval_s, max(self.settings.poll_interval_s,
+                                                                self.record.quiet_until - time.time()))
+        return self.settings.poll_interval_s
 
     async def _cancel(self) -> bool:
         """Logical cancel: targets never accepted end now; the agent fails what it has not queued."""

@@ -68,7 +68,9 @@ class CaptureRecord:
     cancelled: bool = False
     deadline: float | None = None
     agent_deadline: float | None = None
+    quiet_until: float = 0.0
     converged_at: float | None = None
+    manifest_written_at: float | None = None
     archive_prefix: str | None = None
     manifest_uri: str | None = None
     report_uri: str | None = None
@@ -148,6 +150,7 @@ class CaptureRecord:
             "attempt": self.attempt, "phase": self.phase, "error": self.error, "cancelled": self.cancelled,
             "fully_succeeded": self.fully_succeeded, "requested_at": self.requested_at,
             "duration_ms": self.request.duration_ms, "deadline": self.deadline, "converged_at": self.converged_at,
+            "manifest_written_at": self.manifest_written_at,
             "archive_prefix": self.archive_prefix, "manifest_uri": self.manifest_uri, "report_uri": self.report_uri,
             "analysis": dict(self.analysis), "annotation": dict(self.annotation),
             "reason": self.request.reason.to_dict(), "requested_by": self.request.requested_by,

@@ -168,7 +168,7 @@ class Coordinator:
             clog.info("capture.prepared", targets=len(snapshot.targets), dispatchable=len(snapshot.dispatchable),
                       world_size=snapshot.world_size)
             d = self.settings.deadlines.compute(time.time(), record.request.duration_ms, self.delays.estimate())
-            record.agent_deadline, record.deadline = d.agent, d.coordinator
+            record.agent_deadline, record.deadline, record.quiet_until = d.agent, d.coordinator, d.quiet_until
             record.set_phase(Phase.CAPTURING)
             self._annotate(record)
             await self._fan_out(record)
@@ -181,6 +181,7 @@ class Coordinator:
                 clog.error("manifest.write_failed", error=str(exc))
                 record.set_phase(Phase.FAILED, f"the manifest could not be written: {exc}")
                 return
+            record.manifest_written_at = time.time()
             clog.info("capture.converged", manifest_uri=record.manifest_uri, fully_succeeded=record.fully_succeeded,
                       missing_ranks=",".join(map(str, record.missing_ranks())) or None)
             record.set_phase(Phase.CONVERGED)

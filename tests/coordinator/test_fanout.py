@@ -152,3 +152,21 @@ async def test_a_target_that_never_registered_is_not_dispatched(tmp_path, http):
     assert [(f.rank, f.reason) for f in m.failures] == [(1, "not_registered")]
     saved = json.loads(open(rec.manifest_uri.removeprefix("file://")).read())
     assert saved["fully_succeeded"] is False and saved["expected_targets"][1]["target_id"] == "rank-1"
+
+
+def test_agents_are_polled_less_often_while_no_trace_can_exist_yet():
+    import time as _time
+
+    from capture.coordinator.fanout import AgentWorker, FanoutSettings
+    from capture.coordinator.progress import CaptureRecord
+
+    rec = CaptureRecord("c-x", CaptureRequest(job_id="train"), "ml", "train", 0)
+    w = AgentWorker(rec, "http://a", [], client=None, settings=FanoutSettings(poll_interval_s=1, quiet_poll_interval_s=3,
+                                                                               max_poll_interval_s=5))
+    w.answering = True
+    rec.quiet_until = _time.time() + 60
+    assert w._next_interval(1) == 3                 # Kineto still warming up: every 3 s is enough
+    rec.quiet_until = _time.time() - 1
+    assert w._next_interval(3) == 1                 # traces may land now: the normal interval
+    w.answering = False
+    assert w._next_interval(1) == 2 and w._next_interval(4) == 5   # an agent that does not answer: back off
