@@ -44,7 +44,7 @@ class FileSink:
         self.page = Path(page) if page else self.path.with_suffix(".html")
 
     @contextmanager
-    def _locked(self) -> Iterator[list[dict[str, Any]]]:
+    def _locked(self, write: bool = True) -> Iterator[list[dict[str, Any]]]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -57,8 +57,9 @@ class FileSink:
                 except ValueError as exc:
                     raise AnnotationError(f"{self.path} is not JSON; not overwriting it: {exc}") from exc
                 yield items
-                self._replace(self.path, json.dumps({"annotations": items}, indent=1, sort_keys=True))
-                self._replace(self.page, render_page(items))
+                if write:
+                    self._replace(self.path, json.dumps({"annotations": items}, indent=1, sort_keys=True))
+                    self._replace(self.page, render_page(items))
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -95,6 +96,6 @@ class FileSink:
 
     async def find(self, tag: str) -> int | None:
         def do() -> int | None:
-            with self._locked() as items:
+            with self._locked(write=False) as items:
                 return min((a["id"] for a in items if tag in a.get("tags", [])), default=None)
         return await self._run(do)
