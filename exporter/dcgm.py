@@ -104,16 +104,17 @@ class DcgmSource:
                     gauges[(metric, gpu)] = value * scale
                 else:
                     pcie[(gpu, PCIE_FIELDS[name])] = (value, family.type == "counter")
+        totals = dict(self._totals)      # replaced whole: a scrape thread may be copying the old one
         for key, (value, is_counter) in pcie.items():
             prev = self._prev.get(key)
-            self._totals.setdefault(key, 0.0)
+            totals.setdefault(key, 0.0)
             if prev is not None:
                 if is_counter:
-                    self._totals[key] += value - prev[0] if value >= prev[0] else value
+                    totals[key] += value - prev[0] if value >= prev[0] else value
                 elif value >= 0:
-                    self._totals[key] += value * min(max(0.0, now - prev[1]), self._max_gap)
+                    totals[key] += value * min(max(0.0, now - prev[1]), self._max_gap)
             self._prev[key] = (value, now)
-        self._gauges = gauges
+        self._totals, self._gauges = totals, gauges
 
     async def poll(self, session) -> None:
         """One scrape of dcgm-exporter; every failure ends up in health, never raised."""

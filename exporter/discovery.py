@@ -103,6 +103,13 @@ class LibraryScanner:
         last = candidates[-1]
         return LibraryFile(key=key, path=path, attach_path=last) if os.path.exists(last) else None
 
+    def forget_file(self, key: LibraryKey) -> None:
+        """Resolve this file's path again next time (its process may have exited)."""
+        self._files.pop(key, None)
+        for state in self._pids.values():
+            if key in state.keys:
+                state.scanned_at = float("-inf")
+
     def _scan_pid(self, pid: int) -> set[LibraryKey] | None:
         data = self._proc.read_bytes(pid, "maps")
         if data is None:

@@ -51,10 +51,6 @@ class SourceHealth:
         with self._lock:
             self._s.errors += n
 
-    @property
-    def up(self) -> bool:
-        return self._s.state in (OK, WAITING)
-
     def view(self) -> tuple[str, str, int]:
         with self._lock:
             return self._s.state, self._s.reason, self._s.errors

@@ -10,7 +10,6 @@ loop runs in one thread and publishes an immutable dict, so readers never lock. 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 

@@ -35,6 +35,7 @@ __all__ = ["Exporter"]
 
 log = get_logger("exporter")
 _DEFAULT = object()
+_ATTACH_RETRY_S = 30.0
 
 
 class Exporter:
@@ -72,7 +73,8 @@ class Exporter:
             max_processes=config.max_processes, max_inflight=config.max_inflight))
         self.probes: DriverProbes | None = None
         self.attach_errors = 0
-        self._attach_failed: set[tuple[int, int]] = set()
+        self._attach_failed: dict[tuple[int, int], float] = {}   # library -> when attaching failed
+        self._clock = clock
         self._started = False
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -130,22 +132,27 @@ class Exporter:
     def _discover(self) -> None:
         assert self.probes is not None
         scan = self.scanner.scan()
+        now = self._clock()
         for key, lib in scan.libraries.items():
-            if key in self.probes.libraries or key in self._attach_failed:
+            if key in self.probes.libraries or now - self._attach_failed.get(key, -1e9) < _ATTACH_RETRY_S:
                 continue
             result = self.probes.attach(key, lib.attach_path)
             for err in result.errors:
                 log.warning("library.attach_error", path=lib.path, error=err)
             self.attach_errors += len(result.errors)
             if result.attached:
+                self._attach_failed.pop(key, None)
                 log.info("library.attached", path=lib.path, via=lib.attach_path, probes=result.attached,
                          users=len(scan.users.get(key, ())))
             else:
-                self._attach_failed.add(key)     # don't retry a file that exports nothing every tick
+                # Retry later, through a path re-resolved from whichever process maps it then (the
+                # one we went through may have exited); not every tick, for a file that exports nothing.
+                self._attach_failed[key] = now
+                self.scanner.forget_file(key)
         for key in self.probes.libraries - set(scan.libraries):
             n = self.probes.detach(key)
             log.info("library.detached", dev=key[0], inode=key[1], probes=n, reason="no process maps it")
-        self._attach_failed &= set(scan.libraries)
+        self._attach_failed = {k: t for k, t in self._attach_failed.items() if k in scan.libraries}
         n = len(self.probes.libraries)
         if n:
             self.health["ebpf"].ok(f"probing {n} driver librar{'y' if n == 1 else 'ies'}")

@@ -66,7 +66,10 @@ class StubNvmlApi:
     def process_utilization(self, index: int, since_us: int) -> list[UtilSample]:
         now = self._clock_us()
         out = []
-        for e in self._entries(index):
+        entries = self._entries(index)
+        live = {(index, e["pid"]) for e in entries}
+        self._last_busy = {k: v for k, v in self._last_busy.items() if k[0] != index or k in live}
+        for e in entries:
             key = (index, e["pid"])
             busy = e.get("busy_ns", 0)
             prev = self._last_busy.get(key)

@@ -220,3 +220,16 @@ async def test_exporter_labels_workload_with_its_kubernetes_pod(kmock, index, ku
         proc.kill()
         await proc.wait()
         await asyncio.to_thread(exp.close)
+
+
+async def test_expired_watch_relists_at_once_without_counting_an_error(kmock, index):
+    """410 Gone on the watch (our resourceVersion is too old) means: list again, now."""
+    uid = str(uuid.uuid4())
+    kmock.objects["v1/pods", "team-a", "p"] = pod("p", uid, NODE)
+    kmock["watch"][:1] << {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                                       "code": 410, "reason": "Expired",
+                                                       "message": "too old resource version"}}
+    index.start()
+    await eventually(lambda: index.lists >= 2)
+    assert index.errors == 0
+    assert index.get(uid) is not None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
@@ -298,3 +297,32 @@ def test_per_probe_attachment_fallback_counts_the_same(libcuda, workloads, expor
     assert value(s, "gpulens_memcpy_bytes_total", pod="cuda-workload", direction="h2d") == rep["h2d_bytes"]
     assert value(s, "gpulens_memcpy_bytes_total", pod="cuda-workload", direction="d2h") == rep["d2h_bytes"]
     w.finish()
+
+
+def test_library_without_driver_symbols_is_reported_and_not_retried_every_tick(exporter_for, tmp_path):
+    """A file that matches the glob but is not a driver (here: libm under the driver's name)."""
+    import sys
+    libm = next((p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6")
+                 if os.path.exists(p)), None)
+    if libm is None:
+        pytest.skip("no libm to disguise")
+    fake = tmp_path / "impostor" / "libcuda.so.1"
+    fake.parent.mkdir()
+    shutil.copy2(libm, fake)
+    exp = exporter_for(make_config(tmp_path, fake))
+    p = subprocess.Popen([sys.executable, "-c", f"import ctypes,sys; ctypes.CDLL({str(fake)!r}); print(1, flush=True); "
+                          "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        p.stdout.readline()
+        for _ in range(5):
+            exp.tick()
+        s = scrape(exp)
+        assert value(s, "gpulens_exporter_probe_attach_errors_total") == 1       # tried once, not per tick
+        assert value(s, "gpulens_exporter_source_info", source="ebpf", state="failing",
+                     reason="1 driver libraries found, none could be probed") == 1
+        assert value(s, "gpulens_exporter_probes_attached") == 0
+    finally:
+        p.kill()
+        p.wait(10)
+        p.stdin.close()
+        p.stdout.close()
