@@ -170,6 +170,7 @@ def kube_cgroup():
             pass
 
 
+@pytest.mark.root
 async def test_attributor_uses_cgroup_and_pod_index(kmock, index, kube_cgroup):
     uid, cid, enter = kube_cgroup
     kmock.objects["v1/pods", "ml", "trainer-7"] = pod("trainer-7", uid, NODE, namespace="ml",
