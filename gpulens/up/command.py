@@ -25,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=Path(".gpulens"),
                         help="where registry, traces, archive, logs and generated configs live (default: ./.gpulens)")
     parser.add_argument("--port-base", type=int, default=9450,
-                        help="first port; exporter +0, agent +1, gateway +3, page +4, Prometheus +10, "
+                        help="first port; exporter +0, agent +1, gateway +3, page +5, Prometheus +10, "
                              "Alertmanager +11, coordinators +20.. (default 9450)")
     parser.add_argument("--demo", action="store_true",
                         help="also run a sample trainer (torchrun, 2 ranks, PyTorch CPU) armed by the hook")

@@ -31,7 +31,7 @@ class Ports:
 
     @property
     def ui(self) -> int:
-        return self.base + 4
+        return self.base + 5
 
     @property
     def prometheus(self) -> int:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from gpulens.logs import get_logger
+from hooks import hook_path
 
 from .configs import alertmanager_config, prometheus_config, write_yaml
 from .layout import Layout, Ports
@@ -171,7 +172,6 @@ class Runner:
 
     async def _start_demo(self) -> None:
         from exporter.stub import build_stub
-        from hooks import hook_path
 
         L = self.layout
         self.stub = build_stub(L.workdir / "stub")
@@ -214,8 +214,12 @@ class Runner:
         self.say("gpulens up: ready. Open:")
         for name, url in rows:
             self.say(f"  {name:<{width}}  {url}")
-        self.say(f"  start a capture by hand:  GPULENS_TOKEN=$(cat {self.layout.token_file('gateway')}) "
-                 f"gpulens capture start --url http://127.0.0.1:{P.gateway} --namespace demo --job demo --wait")
+        gpulens = Path(sys.executable).parent / "gpulens"
+        self.say(f"  start a capture by hand:  {gpulens} capture start --url http://127.0.0.1:{P.gateway} "
+                 f"--token-file {self.layout.token_file('gateway')} --namespace demo --job demo --wait")
+        L = self.layout
+        self.say(f"  arm a trainer of your own:  PYTHONPATH={hook_path()} GPULENS_JOB_ID=<job> "
+                 f"GPULENS_REGISTRY_DIR={L.registry} GPULENS_SOCKET_DIR={L.socket_dir} GPULENS_TRACE_DIR={L.traces}")
         self.say("  Ctrl-C stops everything.")
 
     def _remove_stale_registrations(self) -> int:

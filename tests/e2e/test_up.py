@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.up.layout import Ports
+
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
@@ -77,7 +79,7 @@ def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
            "--workdir", str(workdir), "--port-base", str(base), "--status-interval", "2"]
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=up_env, start_new_session=True)
-    ui = f"http://127.0.0.1:{base + 4}"
+    ui = f"http://127.0.0.1:{Ports(base).ui}"
     capture = None
     try:
         deadline = time.monotonic() + 420
