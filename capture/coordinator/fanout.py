@@ -109,8 +109,8 @@ class AgentWorker:
                     self.log.warning("dispatch.retry", target_id=p.target.target_id, attempt=p.dispatch_attempts,
                                      error=str(exc))
                 else:
-                    p.accepted = True
-                    p.dispatched_at = p.dispatched_at or time.time()
+                    p.accepted, p.accepted_at = True, time.time()
+                    p.dispatched_at = p.dispatched_at or p.accepted_at
                     self.answering, self.last_error = True, None
                     self._apply(status)
                     return
@@ -123,6 +123,7 @@ class AgentWorker:
             self._dispatching[p.target.target_id] = asyncio.create_task(self._dispatch(p))
 
     async def _poll(self) -> None:
+        asked_at = time.time()
         try:
             statuses = await self.client.get_capture(self.url, self.record.capture_id)
         except AgentRefused as exc:
@@ -140,7 +141,8 @@ class AgentWorker:
             seen.add(status.target_id)
             self._apply(status)
         for p in self._open():
-            if p.accepted and p.target.target_id not in seen and time.time() < self.record.agent_deadline:
+            if (p.accepted and p.accepted_at < asked_at and p.target.target_id not in seen
+                    and time.time() < self.record.agent_deadline):
                 # accepted before, unknown now: the agent lost it; send it again (a repeat is a no-op)
                 self.log.warning("dispatch.repeat", target_id=p.target.target_id)
                 p.accepted = False

@@ -38,7 +38,8 @@ class TargetProgress:
     artifact: Artifact | None = None
     accepted: bool = False           # the agent answered the dispatch (2xx)
     dispatch_attempts: int = 0
-    dispatched_at: float | None = None
+    dispatched_at: float | None = None     # first acceptance
+    accepted_at: float = 0.0               # latest acceptance
 
     @property
     def terminal(self) -> bool:
