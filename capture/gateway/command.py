@@ -34,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--coordinator-token-file", type=Path, required=True, help="bearer token for the coordinators")
     a("--cooldown-s", type=float, default=600.0, help="per job: no alert starts a capture sooner after the last one")
     a("--duration-ms", type=int, default=2000, help="window of alert-started captures")
+    a("--activities", help="comma list of Kineto activity types for alert-started captures "
+                           "(default: CPU ops plus the GPU timeline: kernels, copies, runtime calls)")
     a("--state-dir", type=Path, help="persist handled alert episodes here (repeats stay repeats after a restart)")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -45,7 +47,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     from capture.client.api import CaptureApi
     from capture.coordinator.auth import Credentials, SecretFile
 
-    from .handling import Gateway, GatewaySettings
+    from capture.activities import unknown_activities
+
+    from .handling import ALERT_ACTIVITIES, Gateway, GatewaySettings
     from .ledger import Ledger
     from .routing import Router, parse_route
     from .server import make_app
@@ -56,11 +60,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     router = Router(static=dict(parse_route(r) for r in args.route), routes_file=args.routes_file,
                     template=args.coordinator_url_template)
     ledger = Ledger.open(args.state_dir)
+    activities = tuple(a.strip() for a in args.activities.split(",") if a.strip()) if args.activities else ALERT_ACTIVITIES
+    if not activities or unknown_activities(activities):
+        raise ValueError(f"--activities: not Kineto activity types every Kineto knows: {unknown_activities(activities)}")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=16)) as session:
         def api_for(url: str) -> CaptureApi:
             return CaptureApi(session, url, coordinator_token.read(), timeout_s=5.0)
-        gateway = Gateway(GatewaySettings(cooldown_s=args.cooldown_s, duration_ms=args.duration_ms), router, ledger,
-                          api_for)
+        gateway = Gateway(GatewaySettings(cooldown_s=args.cooldown_s, duration_ms=args.duration_ms,
+                                          activities=activities), router, ledger, api_for)
         runner = web.AppRunner(make_app(gateway, credentials, api_for), access_log=None)
         await runner.setup()
         host, port = args.listen

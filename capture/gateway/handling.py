@@ -27,15 +27,23 @@ from .alertmanager import JOB_LABEL, Alert
 from .ledger import AlertEntry, CaptureEntry, Ledger
 from .routing import Route, Router, Unroutable
 
-__all__ = ["GatewaySettings", "Outcome", "Gateway"]
+__all__ = ["ALERT_ACTIVITIES", "GatewaySettings", "Outcome", "Gateway"]
 
 log = get_logger("gateway")
+
+
+#: What an alert-started capture asks Kineto for: the GPU timeline HTA needs (kernels, copies,
+#: runtime calls) plus CPU ops; all among the 12 names every Kineto knows, so a CPU-only trainer
+#: simply records no GPU rows. No stacks or python_function: cheaper traces while it is slow.
+ALERT_ACTIVITIES = ("cpu_op", "user_annotation", "gpu_user_annotation", "gpu_memcpy", "gpu_memset", "kernel",
+                    "cuda_runtime", "cpu_instant_event")
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
     cooldown_s: float = 600.0
     duration_ms: int = 2000
+    activities: tuple[str, ...] = ALERT_ACTIVITIES
 
 
 @dataclass
@@ -88,8 +96,8 @@ class Gateway:
         reason = CaptureReason(kind="alert", alertname=alert.labels.get("alertname"), fingerprint=alert.fingerprint,
                                starts_at=alert.starts_at, diagnosis=alert.labels.get("diagnosis"),
                                text=(alert.annotations.get("summary") or None) and alert.annotations["summary"][:2000])
-        return CaptureRequest(job_id="", duration_ms=self.settings.duration_ms, reason=reason,
-                              requested_by="alertmanager", capture_id=capture_id).to_dict()
+        return CaptureRequest(job_id="", duration_ms=self.settings.duration_ms, activities=self.settings.activities,
+                              reason=reason, requested_by="alertmanager", capture_id=capture_id).to_dict()
 
     async def _firing(self, alert: Alert, route: Route) -> Outcome:
         entry = self.ledger.alerts.get(alert.key)

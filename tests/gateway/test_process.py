@@ -64,6 +64,9 @@ async def test_servers_refuse_to_start_without_what_they_need(tmp_path):
     code, out = await run_cli("gateway", "--token-file", str(ok), "--coordinator-token-file", str(ok),
                               "--route", "not-a-route")
     assert code == 2 and "NAMESPACE/JOB=" in out
+    code, out = await run_cli("gateway", "--token-file", str(ok), "--coordinator-token-file", str(ok),
+                              "--route", "ml/train=http://127.0.0.1:1", "--activities", "cpu_op,cuda_sync")
+    assert code == 2 and "cuda_sync" in out
     base = ["coordinator", "--job", "train", "--attempt", "0", "--namespace", "ml", "--agent-url", "http://127.0.0.1:1",
             "--archive-root", f"file://{tmp_path}", "--agent-token-file", str(ok)]
     code, out = await run_cli(*base, "--discovery", "local", "--registry-dir", str(tmp_path), "--token-file", str(empty))

@@ -74,6 +74,7 @@ async def test_repeats_and_retries_of_one_episode_start_exactly_one_capture(stac
     rec = stack.coordinator.captures[cid]
     assert rec.request.reason.fingerprint == "fp-1" and rec.request.reason.diagnosis == "host_sync"
     assert rec.request.requested_by == "alertmanager"
+    assert "kernel" in rec.request.activities and "cpu_op" in rec.request.activities   # the GPU timeline too
 
 
 async def test_a_new_episode_of_the_same_alert_waits_out_the_cooldown(stack, http):
