@@ -116,7 +116,7 @@ async def _coordinator(cfg: dict) -> None:
         job_id="train", attempt=0, namespace="ml", archive_root=cfg["archive_root"],
         deadlines=DeadlinePolicy(start_delay_s=START_DELAY_S, dispatch_s=1.0, write_s=0.5, write_per_window=0.0,
                                  archive_s=1.0, report_s=2.0),
-        fanout=FanoutSettings(poll_interval_s=cfg["poll_interval_s"]))
+        fanout=FanoutSettings(poll_interval_s=cfg["poll_interval_s"], quiet_poll_interval_s=cfg["quiet_poll_interval_s"]))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=16)) as session:
@@ -146,7 +146,8 @@ def _cpu(pid: int) -> float:
 
 
 class Scenario:
-    def __init__(self, name: str, targets: int, agents: int, black_hole: int | None, root: Path, poll: float):
+    def __init__(self, name: str, targets: int, agents: int, black_hole: int | None, root: Path, poll: float,
+                 quiet_poll: float = 3.0):
         from tests.conftest import free_port
         self.name, self.targets, self.agents, self.black_hole = name, targets, agents, black_hole
         self.dir = root / name
@@ -154,7 +155,7 @@ class Scenario:
         self.registry.mkdir(parents=True)
         self.token = self.dir / "token"
         self.token.write_text(TOKEN)
-        self.port, self.poll = free_port(), poll
+        self.port, self.poll, self.quiet_poll = free_port(), poll, quiet_poll
         self.url = f"http://127.0.0.1:{self.port}"
         self.latencies: list[float] = []
         self.cpu: list[float] = []
@@ -180,7 +181,7 @@ class Scenario:
                     rank += 1
         cfg = {"registry": str(self.registry), "table": {f"node-{a}": u for a, u in enumerate(urls)},
                "archive_root": f"file://{self.dir / 'archive'}", "token_file": str(self.token), "port": self.port,
-               "poll_interval_s": self.poll}
+               "poll_interval_s": self.poll, "quiet_poll_interval_s": self.quiet_poll}
         self.coord = subprocess.Popen([sys.executable, __file__, "_coordinator", json.dumps(cfg)],
                                       stdout=subprocess.PIPE, text=True, cwd=REPO)
         assert self.coord.stdout.readline().strip() == "ready"
@@ -225,6 +226,9 @@ async def _main(args: argparse.Namespace) -> None:
         scenarios = [Scenario("baseline_20_on_1", 20, 1, None, root, args.poll_interval_s),
                      Scenario("1000_on_50", 1000, 50, None, root, args.poll_interval_s),
                      Scenario("1000_on_50_one_dead", 1000, 50, 7, root, args.poll_interval_s)]
+        if args.compare_quiet:
+            scenarios.append(Scenario("1000_on_50_no_quiet_polling", 1000, 50, None, root, args.poll_interval_s,
+                                      quiet_poll=args.poll_interval_s))
         for s in scenarios:
             s.start()
         try:
@@ -259,6 +263,8 @@ if __name__ == "__main__":
         p.add_argument("--runs", type=int, default=5)
         p.add_argument("--window-ms", type=int, default=2000)
         p.add_argument("--poll-interval-s", type=float, default=1.0)
+        p.add_argument("--compare-quiet", action="store_true",
+                       help="add 1000/50 polled every --poll-interval-s from the start (no slower polls while warming up)")
         p.add_argument("--start-delay-s", type=float, default=START_DELAY_S,
                        help="simulated dispatch -> trace start delay (and the coordinator's allowance for it)")
         a = p.parse_args()
