@@ -11,16 +11,12 @@ import signal
 import sys
 from pathlib import Path
 
+from gpulens.argtypes import host_port as _host_port
 from gpulens.logs import get_logger
 
 log = get_logger("gateway")
 
 
-def _host_port(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 
+from gpulens.argtypes import host_port as _host_port
 from gpulens.logs import get_logger
 
 log = get_logger("operator")
@@ -45,11 +46,6 @@ def _api_client(kubeconfig: str | None):
     return client.ApiClient()
 
 
-def _host_port(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--listen must be HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
