@@ -20,7 +20,7 @@ from capture.agent.runtime import AgentOptions, start_agent
 from capture.archive import RetryPolicy
 from capture.models import Artifact
 from tests.agent.fake_kineto import FakeKineto
-from tests.agent.s3 import CREDS, SwitchableProxy, start_moto, stop_process
+from tests.s3server import CREDS, SwitchableProxy, start_moto, stop_process
 from tests.conftest import free_port
 
 TOKEN = "s3cret-token"

@@ -11,7 +11,7 @@ import pytest
 
 from capture.agent.pipeline import archive_key
 from capture.archive import ArchiveError, RetryPolicy, open_archive, put_file_retrying
-from tests.agent.s3 import CREDS, SwitchableProxy, start_moto, stop_process
+from tests.s3server import CREDS, SwitchableProxy, start_moto, stop_process
 
 BUCKET = "traces"
 FAST = RetryPolicy(attempts=20, first_delay_s=0.1, max_delay_s=0.5)

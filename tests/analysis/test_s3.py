@@ -8,46 +8,29 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from capture.models import Artifact, ExpectedTarget, Manifest
 from tests.conftest import free_port
+from tests.s3server import CREDS, start_moto, stop_process
 
 BUCKET = "gpulens-archive"
 PREFIX = "ns/train/0"
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+S3_CLIENT_CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
 
 @pytest.fixture(scope="module")
 def s3():
-    port = free_port()
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{port}"
+    proc, endpoint = start_moto()
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(endpoint + "/", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"moto_server exited with {proc.returncode}")
-                time.sleep(0.1)
         import boto3
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client("s3", endpoint_url=endpoint, **S3_CLIENT_CREDS)
         client.create_bucket(Bucket=BUCKET)
         yield endpoint, client
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def _upload_capture(client, capture_id: str, traces: list[Path]) -> str:
