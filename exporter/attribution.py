@@ -1,8 +1,9 @@
 """Which workload a host process belongs to: Kubernetes pod, registration record, or local.
 
 Order: the cgroup names a pod UID that this node's pod index knows -> that pod (and the container
-whose ID the cgroup names); else a registration record written by the process (embedded mode, no
-Kubernetes) -> its namespace/pod/container; else namespace "local" and the process name as pod.
+whose ID the cgroup names, and the job the pod's labels name); else a registration record written
+by the process (embedded mode, no Kubernetes) -> its namespace/pod/container and job_id; else
+namespace "local", the process name as pod and no job.
 While a cgroup names a pod the index has not seen yet (watch lag), the answer is "not yet"
 (None) so that labels are not pinned to a fallback that is about to change.
 """
@@ -25,6 +26,7 @@ class Workload:
     pod: str
     container: str
     source: str = "local"      # kubernetes | registration | local
+    job: str = ""              # job id (label gpulens_job); "" when neither the pod nor a record names one
 
 
 def local_workload(process_name: str | None) -> Workload:
@@ -58,13 +60,13 @@ class Attributor:
             info = self.pods.get(ident.pod_uid)
             if info is not None:
                 container = info.containers.get(ident.container_id or "", "")
-                workload = Workload(info.namespace, info.name, container, "kubernetes")
+                workload = Workload(info.namespace, info.name, container, "kubernetes", info.job)
             else:
                 pending = True
         if workload is None and self.registrations is not None:
             rec = self.registrations.match(pid)
             if rec is not None:
-                workload = Workload(rec.namespace, rec.pod, rec.container, "registration")
+                workload = Workload(rec.namespace, rec.pod, rec.container, "registration", rec.job_id)
         if workload is None:
             if pending:
                 return None

@@ -5,19 +5,35 @@ Only pods scheduled here matter, so the list and the watch carry the field selec
 the selector cannot fill it with other nodes' pods). The official client is synchronous; the
 loop runs in one thread and publishes an immutable dict, so readers never lock. Any failure
 (API down, 410 Gone, a broken stream) is recorded and followed by a relist after a backoff.
+
+Each pod also yields its job id (label `gpulens_job`), by the operator's own rule, so that alerts
+name the job whose coordinator the gateway must call.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from gpulens.logs import get_logger
 
-__all__ = ["PodInfo", "PodIndex", "make_api_client", "pod_info"]
+__all__ = ["PodInfo", "PodIndex", "make_api_client", "pod_info", "job_of_pod"]
 
 log = get_logger("exporter")
+
+# Pod label names as the operator uses them (capture/operator/labels.py: JOB, BATCH_JOB_NAME,
+# LEGACY_JOB_NAME, JOBSET_NAME, PYTORCHJOB_NAME). Duplicated on purpose: exporter and capture never
+# import each other; tests/exporter/test_kube.py checks that both agree.
+JOB_LABEL = "gpulens.dev/job"
+BATCH_JOB_NAME = "batch.kubernetes.io/job-name"
+LEGACY_JOB_NAME = "job-name"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+PYTORCHJOB_NAME = "training.kubeflow.org/job-name"
+_PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+_BATCH_JOB = ("batch/v1", "Job")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -27,6 +43,7 @@ class PodInfo:
     name: str
     node: str
     containers: Mapping[str, str] = field(default_factory=dict)   # container id (hex) -> name
+    job: str = ""                                                  # job id, "" when the pod names none
 
 
 def make_api_client(kubeconfig: str | None = None):
@@ -50,6 +67,43 @@ def _get(obj: Any, attr: str, key: str):
     return getattr(obj, attr, None)
 
 
+def _is_label_value(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+
+
+def _owner_name(meta: Any, api_kind: tuple[str, str]) -> str | None:
+    for ref in _get(meta, "owner_references", "ownerReferences") or []:
+        if (_get(ref, "api_version", "apiVersion"), _get(ref, "kind", "kind")) == api_kind:
+            name = _get(ref, "name", "name")
+            if name:
+                return str(name)
+    return None
+
+
+def job_of_pod(meta: Any) -> str:
+    """The job id of a pod (from its metadata), in the operator's order (capture/operator/jobs.py
+    `job_of_pod`), so the gateway finds the coordinator the operator made: the `gpulens.dev/job`
+    label; a PyTorchJob owner; the JobSet name; the batch Job name (labels or owner); else the
+    PyTorchJob name label; else "".
+    """
+    labels = _get(meta, "labels", "labels") or {}
+    if not isinstance(labels, Mapping):
+        labels = {}
+    explicit = labels.get(JOB_LABEL)
+    if _is_label_value(explicit):
+        return explicit
+    pytorchjob = _owner_name(meta, _PYTORCHJOB)
+    if pytorchjob:
+        return pytorchjob
+    if labels.get(JOBSET_NAME):
+        return str(labels[JOBSET_NAME])
+    batch = labels.get(BATCH_JOB_NAME) or labels.get(LEGACY_JOB_NAME) or _owner_name(meta, _BATCH_JOB)
+    if _is_label_value(batch):
+        return batch
+    fallback = labels.get(PYTORCHJOB_NAME)
+    return fallback if _is_label_value(fallback) else ""
+
+
 def pod_info(pod: Any) -> PodInfo | None:
     """PodInfo from a V1Pod or a raw dict; None if it lacks a uid."""
     meta, spec, status = _get(pod, "metadata", "metadata"), _get(pod, "spec", "spec"), _get(pod, "status", "status")
@@ -66,7 +120,7 @@ def pod_info(pod: Any) -> PodInfo | None:
                 containers[str(cid).split("://", 1)[-1]] = str(name)
     return PodInfo(uid=str(uid), namespace=str(_get(meta, "namespace", "namespace") or ""),
                    name=str(_get(meta, "name", "name") or ""), node=str(_get(spec, "node_name", "nodeName") or ""),
-                   containers=containers)
+                   containers=containers, job=job_of_pod(meta))
 
 
 class PodIndex:

@@ -1,6 +1,6 @@
 """Per-process BPF counters -> monotonic per-workload counter series.
 
-Prometheus series are per (gpu, namespace, pod, container); the BPF map is per process. Two rules
+Prometheus series are per (gpu, namespace, pod, container, job); the BPF map is per process. Two rules
 keep the series monotonic, which `rate()` depends on:
 
 - a process's labels are pinned once, when it is settled (its workload known and, with NVML, its
@@ -31,6 +31,7 @@ class SeriesKey:
     namespace: str
     pod: str
     container: str
+    job: str = ""              # label gpulens_job
 
 
 @dataclass
@@ -135,7 +136,7 @@ class ProcessLedger:
         if workload is None:   # exited before we could look, or never resolvable: best effort
             workload = self._by_cgroup.get(c.cgroup_id) if c.cgroup_id > 1 else None
             workload = workload or local_workload(c.comm)
-        return SeriesKey(gpu or "unknown", workload.namespace, workload.pod, workload.container)
+        return SeriesKey(gpu or "unknown", workload.namespace, workload.pod, workload.container, workload.job)
 
     def _retire(self, proc: _Proc, now: float) -> None:
         if proc.series is None or proc.last is None:

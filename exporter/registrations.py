@@ -33,6 +33,7 @@ class Registration:
     pid_namespace: str
     start_time: float
     path: str
+    job_id: str = ""           # GPULENS_JOB_ID of the worker: the series' gpulens_job label
 
 
 def _record(data: object, path: str) -> Registration | None:
@@ -51,10 +52,11 @@ def _record(data: object, path: str) -> Registration | None:
         return None
     if not isinstance(start, (int, float)):
         return None
-    container, uid = data.get("container", ""), data.get("pod_uid", "")
+    container, uid, job = data.get("container", ""), data.get("pod_uid", ""), data.get("job_id", "")
     return Registration(namespace=ns, pod=pod, container=container if isinstance(container, str) else "",
                         pod_uid=uid if isinstance(uid, str) else "", pid=pid, host_pid=host_pid,
-                        pid_namespace=pidns, start_time=float(start), path=path)
+                        pid_namespace=pidns, start_time=float(start), path=path,
+                        job_id=job if isinstance(job, str) else "")
 
 
 class RegistrationIndex:

@@ -206,11 +206,11 @@ class Exporter:
         for dev in nv.devices:
             gpu = str(dev.index)
             procs = nv.processes.get(dev.index, ())
-            pods: set[tuple[str, str] | tuple[str, int]] = set()
+            pods: dict[tuple[str, str] | tuple[str, int], str] = {}     # pod -> its job
             for p in procs:
                 w = self.attributor.attribute(p.pid) or local_workload(self.proc.comm(p.pid))
-                pods.add((w.namespace, w.pod) if w.pod != "unknown" else ("?", p.pid))
-                key = SeriesKey(gpu, w.namespace, w.pod, w.container)
+                pods[(w.namespace, w.pod) if w.pod != "unknown" else ("?", p.pid)] = w.job
+                key = SeriesKey(gpu, w.namespace, w.pod, w.container, w.job)
                 if p.used_memory_bytes is not None:
                     data.gpu_memory[key] = data.gpu_memory.get(key, 0.0) + p.used_memory_bytes
                 u = nv.util.get((dev.index, p.pid))
@@ -219,9 +219,9 @@ class Exporter:
             data.gpu_processes[gpu] = len(procs)
             data.gpu_pods[gpu] = len(pods)
             if len(pods) == 1:
-                only = next(iter(pods))
+                only, job = next(iter(pods.items()))
                 if only[0] != "?":
-                    data.gpu_owner[gpu] = (str(only[0]), str(only[1]))
+                    data.gpu_owner[gpu] = (str(only[0]), str(only[1]), job)
 
     @staticmethod
     def _view(h: SourceHealth) -> SourceView:

@@ -134,7 +134,7 @@ class ExporterDouble:
 
     def _label_sets(self, metric: dict) -> list[dict[str, str]]:
         values = {"node": "test-node", "gpu": "0", "namespace": "ml", "pod": "trainer-0", "container": "trainer",
-                  "source": "ebpf", "state": "up", "reason": "ok", "map": "procs"}
+                  "gpulens_job": "llama-ft", "source": "ebpf", "state": "up", "reason": "ok", "map": "procs"}
         base = {k: values[k] for k in metric["labels"] if k in values}
         if "direction" in metric["labels"]:
             dirs = ("tx", "rx") if "pcie" in metric["name"] else ("h2d", "d2h")

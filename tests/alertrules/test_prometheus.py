@@ -71,7 +71,8 @@ def test_rules_load_evaluate_and_record(stack):
     prom.wait_for("per-pod demand recorded", lambda: _query(base, "namespace_pod:gpulens_launches:rate5m"), 30)
     series = _query(base, "namespace_pod:gpulens_launches:rate5m")
     assert [s["metric"] for s in series] == [{"__name__": "namespace_pod:gpulens_launches:rate5m",
-                                              "namespace": "ml", "node": "test-node", "pod": "trainer-0"}]
+                                              "namespace": "ml", "node": "test-node", "pod": "trainer-0",
+                                              "gpulens_job": "llama-ft"}]
     # kernels + graphs once the 5s window holds a full run of samples (the first ones start at 0)
     prom.wait_for("demand settles at 2005/s", lambda: abs(float(
         _query(base, "namespace_pod:gpulens_launches:rate5m")[0]["value"][1]) - 2005.0) < 200, 30)
@@ -106,7 +107,8 @@ def test_host_sync_incident_fires_host_sync_and_nothing_else(stack):
     alert = fired["GPUWorkloadHostSync"]
     assert {k: v for k, v in alert["labels"].items()} == {
         "alertname": "GPUWorkloadHostSync", "diagnosis": "host_sync", "severity": "warning",
-        "gpulens_capture": "auto", "namespace": "ml", "pod": "trainer-0", "node": "test-node"}
+        "gpulens_capture": "auto", "namespace": "ml", "pod": "trainer-0", "node": "test-node",
+        "gpulens_job": "llama-ft"}          # the exporter's job label reaches the alert (gateway routing)
     assert alert["annotations"]["dashboard_url"].endswith("var-namespace=ml&var-pod=trainer-0")
     assert alert["annotations"]["runbook_url"].endswith("/host_sync.md")
 

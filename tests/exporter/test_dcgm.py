@@ -195,10 +195,11 @@ async def test_exporter_relabels_device_fields_with_the_gpus_only_pod(dcgm_serve
                 await exp.dcgm.poll(session)
             await asyncio.to_thread(exp.tick)
             s = await asyncio.to_thread(scrape, exp)
-            assert value(s, "gpulens_dcgm_gpu_utilization_ratio", gpu="0", pod="solo", namespace="team-a") == \
-                pytest.approx(0.87)
-            assert value(s, "gpulens_dcgm_gpu_utilization_ratio", gpu="1", pod="", namespace="") == pytest.approx(0.12)
-            assert value(s, "gpulens_dcgm_pcie_bytes_total", gpu="0", direction="tx", pod="solo") == 0
+            assert value(s, "gpulens_dcgm_gpu_utilization_ratio", gpu="0", pod="solo", namespace="team-a",
+                         gpulens_job="job1") == pytest.approx(0.87)
+            assert value(s, "gpulens_dcgm_gpu_utilization_ratio", gpu="1", pod="", namespace="",
+                         gpulens_job="") == pytest.approx(0.12)
+            assert value(s, "gpulens_dcgm_pcie_bytes_total", gpu="0", direction="tx", pod="solo", gpulens_job="job1") == 0
             assert value(s, "gpulens_gpu_pods", gpu="1") == 2
             assert value(s, "gpulens_exporter_source_up", source="dcgm") == 1
         finally:

@@ -22,10 +22,16 @@ from .conftest import bcc_usable, make_config, scrape, value
 NODE = "node-a"
 
 
-def pod(name: str, uid: str, node: str, namespace: str = "team-a", containers: dict[str, str] | None = None) -> dict:
+def pod(name: str, uid: str, node: str, namespace: str = "team-a", containers: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None, owners: list[dict] | None = None) -> dict:
+    meta = {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1"}
+    if labels:
+        meta["labels"] = labels
+    if owners:
+        meta["ownerReferences"] = [{"controller": True, "uid": str(uuid.uuid4()), **o} for o in owners]
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1"},
+        "metadata": meta,
         "spec": {"nodeName": node, "containers": [{"name": n, "image": "x"} for n in (containers or {}).values()]},
         "status": {"containerStatuses": [{"name": n, "containerID": cid, "ready": True, "restartCount": 0,
                                           "image": "x", "imageID": "x"}
@@ -73,6 +79,76 @@ async def test_lists_only_this_nodes_pods_with_a_field_selector(kmock, index):
     assert pod_requests
     assert all(r.params.get("fieldSelector") == f"spec.nodeName={NODE}" for r in pod_requests)
     assert any(r.params.get("watch") in ("true", "True", "1") for r in pod_requests)
+
+
+async def test_pods_job_id_comes_from_its_labels_through_list_and_watch(kmock, index):
+    """gpulens_job for a pod, read from the pod objects the index already lists and watches (the
+    real client's V1Pod models, not dicts): the explicit label wins, then the job controllers'."""
+    labelled, jobset, batch, plain = (str(uuid.uuid4()) for _ in range(4))
+    kmock.objects["v1/pods", "ml", "l-0"] = pod("l-0", labelled, NODE, namespace="ml",
+                                                labels={"gpulens.dev/job": "llama-ft", "job-name": "llama-ft-x"})
+    # a JobSet's pods also carry their child Job's name: the JobSet is the job (as for the operator)
+    kmock.objects["v1/pods", "ml", "js-0"] = pod("js-0", jobset, NODE, namespace="ml", labels={
+        "jobset.sigs.k8s.io/jobset-name": "pretrain", "job-name": "pretrain-workers-0",
+        "batch.kubernetes.io/job-name": "pretrain-workers-0"})
+    kmock.objects["v1/pods", "ml", "b-0"] = pod("b-0", batch, NODE, namespace="ml", labels={"job-name": "nightly"})
+    kmock.objects["v1/pods", "ml", "plain"] = pod("plain", plain, NODE, namespace="ml", labels={"app": "web"})
+    index.start()
+    await eventually(index.synced.is_set)
+    assert {u: index.get(u).job for u in (labelled, jobset, batch, plain)} == \
+        {labelled: "llama-ft", jobset: "pretrain", batch: "nightly", plain: ""}
+    # a pod that arrives through the watch, owned by a PyTorchJob
+    late = str(uuid.uuid4())
+    base = str(kmock.url).rstrip("/")
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(f"{base}/api/v1/namespaces/ml/pods", json=pod(
+            "bert-worker-0", late, NODE, namespace="ml", labels={"training.kubeflow.org/job-name": "bert"},
+            owners=[{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert"}]))
+        assert r.status < 300
+    await eventually(lambda: index.get(late) is not None)
+    assert index.get(late).job == "bert"
+
+
+def _operator_job_id(p: dict) -> str | None:
+    from capture.operator.jobs import job_of_pod as operator_job_of_pod
+    ref = operator_job_of_pod(p)
+    return ref.job_id if ref else None
+
+
+@pytest.mark.parametrize("labels,owners", [
+    ({"gpulens.dev/job": "exp-1", "jobset.sigs.k8s.io/jobset-name": "js"}, []),
+    ({"gpulens.dev/job": "", "job-name": "j"}, []),
+    ({"jobset.sigs.k8s.io/jobset-name": "js", "batch.kubernetes.io/job-name": "js-w-0", "job-name": "js-w-0"}, []),
+    ({"training.kubeflow.org/job-name": "bert"}, [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert"}]),
+    ({}, [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "owned"}]),
+    ({"batch.kubernetes.io/job-name": "new", "job-name": "old"}, []),
+    ({"job-name": "legacy"}, []),
+    ({}, [{"apiVersion": "batch/v1", "kind": "Job", "name": "owner-only"}]),
+    ({"app": "x"}, [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs"}]),
+])
+def test_job_id_is_the_one_the_operator_gives_the_coordinator(labels, owners):
+    """Exporter and capture never import each other, so the rule is duplicated; this keeps both in step
+    (the gateway calls the Service of the job the alert names, which the operator made for its job id)."""
+    from exporter.kube import job_of_pod, pod_info
+    p = pod("w-0", "u-1", NODE, labels=labels, owners=owners)
+    expected = _operator_job_id(p)
+    assert pod_info(p).job == (expected or "")
+    assert job_of_pod(client.ApiClient().deserialize(_Resp(p), "V1Pod").metadata) == (expected or "")
+
+
+class _Resp:
+    """What ApiClient.deserialize reads: a response with `.data` (the JSON text)."""
+
+    def __init__(self, obj: dict):
+        import json
+        self.data = json.dumps(obj)
+
+
+def test_label_names_match_the_operators():
+    import capture.operator.labels as L
+    from exporter import kube
+    assert (kube.JOB_LABEL, kube.BATCH_JOB_NAME, kube.LEGACY_JOB_NAME, kube.JOBSET_NAME, kube.PYTORCHJOB_NAME) == \
+        (L.JOB, L.BATCH_JOB_NAME, L.LEGACY_JOB_NAME, L.JOBSET_NAME, L.PYTORCHJOB_NAME)
 
 
 async def test_watch_adds_and_removes_pods(kmock, index):
@@ -174,7 +250,8 @@ def kube_cgroup():
 async def test_attributor_uses_cgroup_and_pod_index(kmock, index, kube_cgroup):
     uid, cid, enter = kube_cgroup
     kmock.objects["v1/pods", "ml", "trainer-7"] = pod("trainer-7", uid, NODE, namespace="ml",
-                                                      containers={f"containerd://{cid}": "pytorch"})
+                                                      containers={f"containerd://{cid}": "pytorch"},
+                                                      labels={"gpulens.dev/job": "llama-ft"})
     proc = await asyncio.create_subprocess_exec("sleep", "30")
     try:
         enter(proc.pid)
@@ -182,7 +259,7 @@ async def test_attributor_uses_cgroup_and_pod_index(kmock, index, kube_cgroup):
         assert attributor.attribute(proc.pid) is None          # pod named by the cgroup, index not synced yet
         index.start()
         await eventually(index.synced.is_set)
-        assert attributor.attribute(proc.pid) == Workload("ml", "trainer-7", "pytorch", "kubernetes")
+        assert attributor.attribute(proc.pid) == Workload("ml", "trainer-7", "pytorch", "kubernetes", "llama-ft")
         # without Kubernetes the same process falls back to its name
         assert Attributor(ProcFS()).attribute(proc.pid) == Workload("local", "sleep", "", "local")
     finally:
@@ -195,7 +272,8 @@ async def test_attributor_uses_cgroup_and_pod_index(kmock, index, kube_cgroup):
 async def test_exporter_labels_workload_with_its_kubernetes_pod(kmock, index, kube_cgroup, stub, libcuda, tmp_path):
     uid, cid, enter = kube_cgroup
     kmock.objects["v1/pods", "ml", "trainer-0"] = pod("trainer-0", uid, NODE, namespace="ml",
-                                                      containers={f"containerd://{cid}": "pytorch"})
+                                                      containers={f"containerd://{cid}": "pytorch"},
+                                                      labels={"gpulens.dev/job": "llama-ft"})
     exp = Exporter(make_config(tmp_path, libcuda, node=NODE, kubernetes=True), pod_index=index)
     await asyncio.to_thread(exp.start)
     proc = await asyncio.create_subprocess_exec(str(stub.workload), "--lib", str(libcuda), "--wait-stdin",
@@ -215,7 +293,7 @@ async def test_exporter_labels_workload_with_its_kubernetes_pod(kmock, index, ku
         await proc.stdout.readline()          # the report: loop done
         s = await asyncio.to_thread(scrape, exp)
         assert value(s, "gpulens_kernel_launches_total", namespace="ml", pod="trainer-0", container="pytorch",
-                     node=NODE) == 100
+                     node=NODE, gpulens_job="llama-ft") == 100
         assert value(s, "gpulens_exporter_source_info", source="attribution", state="ok") == 1
     finally:
         proc.kill()

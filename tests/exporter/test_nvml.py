@@ -107,7 +107,7 @@ def test_contention_memory_and_utilisation_per_pod(sleepers, tmp_path):
     reg = tmp_path / "reg"
     registration(reg, a1.pid, "trainer-a")
     registration(reg, a2.pid, "trainer-a")             # two processes of one pod
-    registration(reg, b.pid, "batch-b", namespace="team-b", container="job")
+    registration(reg, b.pid, "batch-b", namespace="team-b", container="job", job_id="nightly-batch")
     registration(reg, c.pid, "alone", namespace="team-c")
     fake = FakeNvml(gpus=3)
     fake.processes[0] = [GpuProcess(a1.pid, 2 << 30), GpuProcess(a2.pid, 1 << 30), GpuProcess(b.pid, 3 << 30)]
@@ -124,7 +124,10 @@ def test_contention_memory_and_utilisation_per_pod(sleepers, tmp_path):
         assert value(s, "gpulens_gpu_pods", gpu="2") == 0 and value(s, "gpulens_gpu_processes", gpu="2") == 0
         assert value(s, "gpulens_process_gpu_memory_bytes", gpu="0", pod="trainer-a") == 3 << 30
         assert value(s, "gpulens_process_gpu_memory_bytes", gpu="0", pod="batch-b", namespace="team-b",
-                     container="job") == 3 << 30
+                     container="job", gpulens_job="nightly-batch") == 3 << 30
+        # each pod's series carries its own record's job_id
+        assert value(s, "gpulens_process_gpu_memory_bytes", gpu="0", pod="trainer-a", gpulens_job="job1") == 3 << 30
+        assert value(s, "gpulens_process_gpu_memory_bytes", gpu="0", pod="batch-b", gpulens_job="job1") is None
         assert value(s, "gpulens_process_gpu_memory_bytes", gpu="1", pod="alone") is None      # unknown memory
         assert value(s, "gpulens_process_gpu_utilization_ratio", gpu="0", pod="trainer-a") == pytest.approx(0.5)
         assert value(s, "gpulens_exporter_source_up", source="nvml") == 1

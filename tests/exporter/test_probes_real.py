@@ -59,7 +59,8 @@ def test_counts_every_driver_call_exactly(libcuda, workloads, exporter_for, tmp_
     w.go()
     rep = w.report()
     s = scrape(exp)
-    labels = dict(namespace="team-a", pod="exact-pod", container="trainer", node="test-node", gpu="unknown")
+    labels = dict(namespace="team-a", pod="exact-pod", container="trainer", node="test-node", gpu="unknown",
+                  gpulens_job="job1")        # the record's job_id
     assert rep["launches"] == 50_004                     # 500 x 100, plus 4 captured into the graph
     assert value(s, "gpulens_kernel_launches_total", **labels) == rep["launches"]
     assert value(s, "gpulens_graph_launches_total", **labels) == rep["graph_launches"] == 1500

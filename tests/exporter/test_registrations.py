@@ -33,8 +33,9 @@ def test_record_matches_by_pid_namespace_and_pid(tmp_path, child):
     index.refresh()
     rec = index.match(child.pid)
     assert (rec.namespace, rec.pod, rec.container) == ("research", "trainer-3", "worker")
+    assert rec.job_id == "job1"
     assert Attributor(ProcFS(), registrations=index).attribute(child.pid) == \
-        Workload("research", "trainer-3", "worker", "registration")
+        Workload("research", "trainer-3", "worker", "registration", "job1")
 
 
 def test_record_of_another_pid_namespace_does_not_match(tmp_path, child):
@@ -67,7 +68,7 @@ def test_hook_written_record_is_understood(tmp_path, child):
     index = RegistrationIndex(tmp_path, ProcFS())
     index.refresh()
     got = index.match(child.pid)
-    assert (got.namespace, got.pod, got.container) == ("ns-h", "hooked-pod", "c-h")
+    assert (got.namespace, got.pod, got.container, got.job_id) == ("ns-h", "hooked-pod", "c-h", "j")
 
 
 @pytest.mark.parametrize("content", [
@@ -118,5 +119,14 @@ def test_missing_or_unreadable_directory(tmp_path):
 def test_no_record_and_no_kubernetes_means_local_and_process_name(child):
     w = Attributor(ProcFS()).attribute(child.pid)
     assert w == Workload("local", ProcFS().comm(child.pid), "", "local")
+    assert w.job == ""
     assert Attributor(ProcFS()).attribute(2 ** 22 + 7) is None     # no such process
     assert os.path.exists(f"/proc/{child.pid}")
+
+
+def test_job_id_that_is_not_a_string_gives_no_job_but_keeps_the_pod(tmp_path, child):
+    registration(tmp_path, child.pid, "odd", job_id=7)
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    w = Attributor(ProcFS(), registrations=index).attribute(child.pid)
+    assert (w.pod, w.source, w.job) == ("odd", "registration", "")
