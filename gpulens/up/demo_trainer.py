@@ -70,14 +70,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo-trainer rank={rank} incident={incident} step={step}", flush=True)
             last_incident = incident
         host_ms = args.host_ms * (4 if incident == "input_starvation" else 1)
-        time.sleep(host_ms / 1000)                       # waiting for the next batch
-        x = torch.randn(32, 64)
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
-                    d2h_sync_bytes=(16 << 20) if incident == "host_sync" else 0)
+        # Named like torch.profiler's step markers, so analysis reports per-iteration times.
+        with torch.profiler.record_function(f"ProfilerStep#{step}"):
+            time.sleep(host_ms / 1000)                   # waiting for the next batch
+            x = torch.randn(32, 64)
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
+                        d2h_sync_bytes=(16 << 20) if incident == "host_sync" else 0)
         if step % 20 == 0:
             t = torch.ones(1)
             dist.all_reduce(t)                           # keeps the ranks in step, like a real job
