@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 
 from gpulens.argtypes import host_port as _host_port
+from gpulens.lifecycle import serve_until_stopped
 from gpulens.logs import get_logger
 
 log = get_logger("gateway")
@@ -88,14 +88,4 @@ def run(args: argparse.Namespace) -> int:
         print("gpulens gateway: give --route, --routes-file or --coordinator-url-template", file=sys.stderr)
         return 2
 
-    async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            return await serve(args, stop)
-        except ValueError as exc:
-            print(f"gpulens gateway: {exc}", file=sys.stderr)
-            return 2
-    return asyncio.run(main())
+    return serve_until_stopped(lambda stop: serve(args, stop), prog="gpulens gateway")
