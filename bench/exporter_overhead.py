@@ -5,7 +5,9 @@
    probes, interleaved round by round.
 2. Exporter CPU while a workload launches flat out and Prometheus scrapes every second: the
    `gpulens exporter` process's own CPU time (the probes' cost is charged to the workload, in 1).
-3. Scrape and discovery time with N live processes in the map, each its own pod.
+3. Scrape and discovery time with N live processes in the map, each its own pod: the old scrape
+   (collect and encode per request) next to the cached one (exporter/exposition.py: bytes the
+   tick encoded), interleaved, and what the encoding at the tick costs.
 
 Needs root, bcc and gcc. Usage: sudo .venv/bin/python bench/exporter_overhead.py [--rounds 5] [--procs 1000]
 """
@@ -223,18 +225,36 @@ def many_processes(stub, lib: Path, n: int, scrapes: int) -> dict:
         ticks = []
         for _ in range(5):
             s = time.perf_counter()
-            exp.tick()
+            exp.tick()                          # discovery, then (no scrapes seen yet) the encoding
             ticks.append(time.perf_counter() - s)
-        times, size = [], 0
+        # Side by side, interleaved: the old scrape (collect + encode per request) and the new
+        # one (the bytes the tick encoded), each as the HTTP handler calls it, plus gzip.
         from prometheus_client import generate_latest
+        old, new, new_gz, encode_at_tick, size = [], [], [], [], 0
         for _ in range(scrapes):
             s = time.perf_counter()
-            size = len(generate_latest(exp.registry))
-            times.append(time.perf_counter() - s)
+            body = generate_latest(exp.registry)
+            old.append(time.perf_counter() - s)
+            size = len(body)
+            s = time.perf_counter()
+            exp.exposition.refresh(force=True)
+            encode_at_tick.append(time.perf_counter() - s)
+            s = time.perf_counter()
+            cached = exp.exposition.body("", False)
+            new.append(time.perf_counter() - s)
+            s = time.perf_counter()
+            exp.exposition.body("", True)
+            new_gz.append(time.perf_counter() - s)
+            assert len(cached.data) > 0.9 * size
+        times = old
         series = sum(1 for k in exp.ledger.totals() if k.namespace == "bench")
         assert series == n, (series, n)
-        return {"processes": n, "series": series, "scrape_ms_median": round(1000 * statistics.median(times), 1),
-                "scrape_bytes": size, "tick_ms_median": round(1000 * statistics.median(ticks), 1)}
+        med = lambda xs: round(1000 * statistics.median(xs), 2)  # noqa: E731
+        return {"processes": n, "series": series, "scrape_ms_median_collect_and_encode": med(times),
+                "scrape_ms_median_cached": med(new), "scrape_ms_median_cached_gzip": med(new_gz),
+                "scrape_speedup": round(statistics.median(times) / statistics.median(new), 1),
+                "encode_at_tick_ms_median": med(encode_at_tick), "scrape_bytes": size,
+                "tick_ms_median": med(ticks)}
     finally:
         for p in procs:
             try:
@@ -259,6 +279,8 @@ def main() -> int:
     ap.add_argument("--cpu-seconds", type=float, default=10.0)
     ap.add_argument("--procs", type=int, default=1000)
     ap.add_argument("--scrapes", type=int, default=10)
+    ap.add_argument("--parts", nargs="+", default=["per_call", "exporter_cpu", "many_processes"],
+                    choices=["per_call", "exporter_cpu", "many_processes"])
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (eBPF)", file=sys.stderr)
@@ -270,9 +292,10 @@ def main() -> int:
         # running on this machine probes the benchmark's library.
         lib = tmp / "libgpulens-bench-cuda.so.1"
         shutil.copy2(stub.libcuda, lib)
-        results = {"per_call": per_call_cost(stub, lib, args.rounds, args.launches),
-                   "exporter_cpu": exporter_cpu(stub, lib, args.cpu_seconds),
-                   "many_processes": many_processes(stub, lib, args.procs, args.scrapes)}
+        parts = {"per_call": lambda: per_call_cost(stub, lib, args.rounds, args.launches),
+                 "exporter_cpu": lambda: exporter_cpu(stub, lib, args.cpu_seconds),
+                 "many_processes": lambda: many_processes(stub, lib, args.procs, args.scrapes)}
+        results = {name: parts[name]() for name in args.parts}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(results, indent=2))

@@ -33,6 +33,7 @@ class ScrapeData:
     node: str
     sources: list[SourceView] = field(default_factory=list)
     workload_totals: dict[SeriesKey, Totals] | None = None      # None: eBPF off
+    back_pressure: bool = True       # False: return probes unsafe here, blocked time is not measured
     gpu_pods: dict[str, int] = field(default_factory=dict)       # gpu -> distinct pods
     gpu_processes: dict[str, int] = field(default_factory=dict)  # gpu -> processes
     gpu_memory: dict[SeriesKey, float] = field(default_factory=dict)
@@ -50,6 +51,9 @@ class ScrapeData:
 _COUNTERS = [
     ("gpulens_kernel_launches_total", "launches"),
     ("gpulens_graph_launches_total", "graph_launches"),
+]
+# measured by return probes: absent (not 0) where the safety gate turned them off
+_BACK_PRESSURE = [
     ("gpulens_sync_wait_seconds_total", "sync_seconds"),
     ("gpulens_sync_calls_total", "sync_calls"),
 ]
@@ -66,7 +70,7 @@ def build_families(d: ScrapeData, cat: Catalogue, previous_duration: float | Non
 
     if d.workload_totals is not None:
         series = sorted(d.workload_totals.items())
-        for name, attr in _COUNTERS:
+        for name, attr in _COUNTERS + (_BACK_PRESSURE if d.back_pressure else []):
             f = fam(name)
             for k, t in series:
                 f.add([node, k.gpu, k.namespace, k.pod, k.container, k.job], getattr(t, attr))

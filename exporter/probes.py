@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .btf import BtfError, member_offsets
 from .elfsyms import ElfError, function_offsets
-from .symbols import DRIVER_PROBES, ProbeSpec
+from .symbols import DRIVER_PROBES, ProbeSpec, entry_only
 
 __all__ = ["ProbeUnavailable", "ProcessKey", "ProcessCounters", "MapUsage", "AttachResult",
            "DriverProbes", "PROGRAM_PATH"]
@@ -42,8 +42,10 @@ class _LinkCreateUprobeMulti(ctypes.Structure):
                 ("multi_flags", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("_pad", ctypes.c_uint8 * 84)]
 
 
-def _link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int], ret: bool) -> int:
-    """One BPF link placing `prog_fd` at every offset of `path`; raises OSError."""
+def _link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int], ret: bool,
+                       pid: int = 0) -> int:
+    """One BPF link placing `prog_fd` at every offset of `path` (only in process `pid` if given);
+    raises OSError."""
     if _SYS_BPF is None:
         raise OSError(38, "bpf() syscall number unknown on this architecture")
     libc = ctypes.CDLL(None, use_errno=True)
@@ -53,7 +55,7 @@ def _link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: lis
     attr = _LinkCreateUprobeMulti(prog_fd=prog_fd, attach_type=_BPF_TRACE_UPROBE_MULTI,
                                   path=ctypes.addressof(cpath), offsets=ctypes.addressof(offs),
                                   cookies=ctypes.addressof(cks), cnt=len(offsets),
-                                  multi_flags=_BPF_F_UPROBE_MULTI_RETURN if ret else 0)
+                                  multi_flags=_BPF_F_UPROBE_MULTI_RETURN if ret else 0, pid=pid)
     fd = libc.syscall(ctypes.c_long(_SYS_BPF), ctypes.c_long(_BPF_LINK_CREATE), ctypes.byref(attr),
                       ctypes.c_uint(ctypes.sizeof(attr)))
     if fd < 0:
@@ -145,6 +147,9 @@ class DriverProbes:
         self._closed = False
         #: whether multi-uprobe links work here (None: not tried yet)
         self.multi_links: bool | None = None
+        #: False once the safety gate (retprobe_gate.py) found return probes unsafe on this kernel:
+        #: blocking calls then get no probe at all and synchronous copies an entry probe only
+        self.return_probes = True
 
     # ---- attachments -------------------------------------------------------------------------
 
@@ -180,6 +185,8 @@ class DriverProbes:
             return result
         chosen: list[tuple[ProbeSpec, int]] = []
         seen_offsets: set[int] = set()
+        if not self.return_probes:
+            probes = entry_only(probes)
         for spec in probes:
             offset = offsets.get(spec.symbol)
             if offset is not None and offset not in seen_offsets:   # aliases: one probe per address
@@ -237,6 +244,27 @@ class DriverProbes:
                 attachment.fds.append((fd, event))
                 attachment.probes += 1
                 result.attached += 1
+
+    def probe_return_in(self, pid: int, path: str, offset: int) -> list[int]:
+        """The safety gate's probe: a return probe on `path`+`offset`, only in process `pid`.
+        Returns the fds to close; raises OSError when no return probe can be placed."""
+        if self.multi_links is not False:
+            try:
+                return [_link_uprobe_multi(self._func_fd("on_gate_return", _BPF_TRACE_UPROBE_MULTI), path,
+                                           [offset], [0], ret=True, pid=pid)]
+            except OSError:
+                if self.multi_links:
+                    raise
+        event = f"r_gpulens_gate_{os.getpid()}_{pid}_{offset:x}".encode()
+        fd = self._lib.bpf_attach_uprobe(self._func_fd("on_gate_return_perf"), _BPF_PROBE_RETURN, event, path.encode(),
+                                         offset, pid)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"return probe on {path}+{offset:#x}: {os.strerror(err)}")
+        return [fd]
+
+    def gate_hits(self) -> int:
+        return int(self._bpf[b"gate_hits"][ctypes.c_int(0)].value)
 
     def detach(self, key: tuple[int, int]) -> int:
         attachment = self._attachments.pop(key, None)

@@ -23,11 +23,13 @@ from .collector import GpulensCollector, ScrapeData, SourceView
 from .config import ExporterConfig
 from .dcgm import DcgmSource
 from .discovery import LibraryScanner
+from .exposition import ExpositionCache
 from .health import FAILING, OK, WAITING, SourceHealth
 from .kube import PodIndex, make_api_client
 from .ledger import ProcessLedger, SeriesKey
 from .nvml import NvmlApi, NvmlSnapshot, NvmlSource, open_nvml
 from .probes import DriverProbes, ProbeUnavailable
+from .retprobe_gate import GateVerdict, self_test
 from .procfs import ProcFS
 from .registrations import RegistrationIndex
 
@@ -42,15 +44,18 @@ class Exporter:
     def __init__(self, config: ExporterConfig, *, nvml_opener: Callable[[], NvmlApi] | None | object = _DEFAULT,
                  pod_index: PodIndex | None | object = _DEFAULT,
                  probes_factory: Callable[[], DriverProbes] | None = None,
+                 return_probe_gate: Callable[[DriverProbes], GateVerdict] = self_test,
                  clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.proc = ProcFS(config.proc_root)
-        self.health = {name: SourceHealth(name) for name in ("ebpf", "nvml", "dcgm")}
+        self.health = {name: SourceHealth(name) for name in ("ebpf", "return_probes", "nvml", "dcgm")}
         self._lock = threading.Lock()
         self.catalogue = load_catalogue()
         self.collector = GpulensCollector(self.scrape_data, self.catalogue)
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
+        #: what /metrics serves: the collector's families, encoded at the tick (exposition.py)
+        self.exposition = ExpositionCache(self.collector.collect, tick_interval_s=config.scan_interval_s)
         self.scanner = LibraryScanner(self.proc, config.library_globs, rescan_interval=config.rescan_interval_s,
                                       clock=clock)
         self.ledger = ProcessLedger(grace_s=config.attribution_grace_s, retired_ttl_s=config.retired_ttl_s,
@@ -72,6 +77,9 @@ class Exporter:
         self._probes_factory = probes_factory or (lambda: DriverProbes(
             max_processes=config.max_processes, max_inflight=config.max_inflight))
         self.probes: DriverProbes | None = None
+        self._return_probe_gate = return_probe_gate
+        #: the safety gate's decision on this kernel (None: eBPF off, no decision needed)
+        self.gate: GateVerdict | None = None
         self.attach_errors = 0
         self._attach_failed: dict[tuple[int, int], float] = {}   # library -> when attaching failed
         self._clock = clock
@@ -88,20 +96,39 @@ class Exporter:
         ebpf = self.health["ebpf"]
         if not self.config.ebpf:
             ebpf.disabled("eBPF disabled (--no-ebpf)")
+            self.health["return_probes"].disabled("eBPF off")
         else:
             try:
                 self.probes = self._probes_factory()
             except ProbeUnavailable as exc:
                 ebpf.disabled(str(exc))
+                self.health["return_probes"].disabled("eBPF off")
                 log.warning("ebpf.unavailable", reason=str(exc))
             else:
                 ebpf.waiting(self._no_library_reason())
+                self._gate_return_probes()
                 if self.probes.start_time_problem:
                     log.warning("ebpf.no_start_times", reason=self.probes.start_time_problem)
         if self.pods is not None:
             self.pods.start()
         log.info("exporter.started", node=self.config.node, ebpf=ebpf.view()[0],
                  nvml=self.health["nvml"].view()[0], dcgm=self.health["dcgm"].view()[0])
+
+    def _gate_return_probes(self) -> None:
+        """Decide, before any probe is placed, whether return probes may be (retprobe_gate.py)."""
+        assert self.probes is not None
+        try:
+            self.gate = self._return_probe_gate(self.probes)
+        except Exception as exc:   # a broken self-test must not put return probes on the workload
+            self.gate = GateVerdict(False, f"self-test failed to run: {exc}", "")
+        self.probes.return_probes = self.gate.safe
+        h = self.health["return_probes"]
+        if self.gate.safe:
+            h.ok(self.gate.reason)
+            log.info("return_probes.safe", kernel=self.gate.kernel, reason=self.gate.reason)
+        else:
+            h.disabled(self.gate.reason)
+            log.warning("return_probes.unsafe", kernel=self.gate.kernel, reason=self.gate.reason)
 
     def close(self) -> None:
         if self.pods is not None:
@@ -128,6 +155,7 @@ class Exporter:
                 self._sync_ledger(nv)
                 self.probes.prune_inflight(self.proc.thread_alive)
             self.attributor.prune(set(self.proc.pids()))
+        self.exposition.refresh()      # outside the lock: collecting takes it
 
     def _discover(self) -> None:
         assert self.probes is not None
@@ -187,6 +215,7 @@ class Exporter:
             if self.probes is not None:
                 self._sync_ledger(nv, check_exits=False)
                 data.workload_totals = self.ledger.totals()
+                data.back_pressure = self.probes.return_probes
                 data.probes_attached = self.probes.probes_attached
                 data.libraries_attached = len(self.probes.libraries)
                 data.tracked_processes = self.ledger.tracked

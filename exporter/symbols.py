@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ProbeSpec", "DRIVER_PROBES", "probe_names", "KIND_OF_ENTRY"]
+__all__ = ["ProbeSpec", "DRIVER_PROBES", "probe_names", "KIND_OF_ENTRY", "entry_only"]
 
 #: entry handler -> probe kind, the attach cookie read by `on_entry` (K_* in bpf/counters.c)
 KIND_OF_ENTRY = {"on_launch": 0, "on_graph_launch": 1, "on_block_enter": 2, "on_h2d": 3, "on_h2d_u32": 4,
@@ -57,3 +57,20 @@ DRIVER_PROBES: tuple[ProbeSpec, ...] = (
 
 def probe_names() -> list[str]:
     return [p.symbol for p in DRIVER_PROBES]
+
+
+#: what a probe becomes without return probes: synchronous copies keep their byte count
+_WITHOUT_RETURN = {"on_d2h_sync_enter": "on_d2h", "on_d2h_u32_sync_enter": "on_d2h_u32"}
+
+
+def entry_only(probes: tuple[ProbeSpec, ...]) -> tuple[ProbeSpec, ...]:
+    """The probes to place where return probes are unsafe (retprobe_gate.py): blocking calls are
+    left alone entirely (an entry without its return would leave an open call for ever), the
+    synchronous copies still count bytes at entry."""
+    out = []
+    for p in probes:
+        if p.ret is None:
+            out.append(p)
+        elif p.entry in _WITHOUT_RETURN:
+            out.append(ProbeSpec(p.symbol, _WITHOUT_RETURN[p.entry]))
+    return tuple(out)

@@ -46,6 +46,8 @@ BPF_HASH(procs, struct proc_key, struct proc_stats, MAX_PROCS);
 BPF_HASH(inflight, u64, struct inflight_call, MAX_INFLIGHT);
 /* 0: procs full (events dropped), 1: inflight full (a blocking call went untimed) */
 BPF_ARRAY(failures, u64, 2);
+/* Returns seen by the safety gate's self-test probe (exporter/retprobe_gate.py). */
+BPF_ARRAY(gate_hits, u64, 1);
 
 static __always_inline void count_failure(int index) {
     u64 *v = failures.lookup(&index);
@@ -213,3 +215,15 @@ int on_block_return(struct pt_regs *ctx) {
 #endif
     return 0;
 }
+
+/* The return-probe safety gate's probe: counts that a return probe fired in the self-test child.
+ * Two names because bcc caches a loaded program by name with its attach type (multi link, perf). */
+static __always_inline int gate_hit(void) {
+    int zero = 0;
+    u64 *v = gate_hits.lookup(&zero);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+    return 0;
+}
+int on_gate_return(struct pt_regs *ctx) { return gate_hit(); }
+int on_gate_return_perf(struct pt_regs *ctx) { return gate_hit(); }
