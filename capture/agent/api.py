@@ -9,6 +9,7 @@ Routes and answers: docs/ARCHITECTURE.md, "Node agent API".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 from typing import Awaitable, Callable
@@ -17,15 +18,15 @@ from aiohttp import web
 
 from gpulens.logs import get_logger
 
-from .. import schemas
+from .. import limits, schemas, web_json
 from .service import Agent, DispatchRefused
 
 __all__ = ["make_app", "MAX_BODY_BYTES"]
 
 _log = get_logger("agent")
-MAX_BODY_BYTES = 64 * 1024
+MAX_BODY_BYTES = limits.AGENT_BODY.max_bytes
 AGENT_KEY: web.AppKey[Agent] = web.AppKey("agent", Agent)
-MAX_BODY_KEY: web.AppKey[int] = web.AppKey("max_body", int)
+LIMIT_KEY: web.AppKey[limits.JsonLimit] = web.AppKey("body_limit", limits.JsonLimit)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -59,8 +60,8 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
     try:
         return await handler(request)
     except web.HTTPException as exc:
-        if exc.status == 413:
-            return _error(413, f"body larger than {request.app[MAX_BODY_KEY]} bytes")
+        if exc.status == 413 and exc.content_type != "application/json":  # aiohttp's own, text/plain
+            return _error(413, f"body larger than {request.app[LIMIT_KEY].max_bytes} bytes", "")
         if exc.status >= 400 and exc.content_type != "application/json":
             return _error(exc.status, exc.reason)
         raise
@@ -70,17 +71,8 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 async def _read_json(request: web.Request) -> object:
-    if request.content_length is not None and request.content_length > request.app[MAX_BODY_KEY]:
-        raise web.HTTPRequestEntityTooLarge(max_size=request.app[MAX_BODY_KEY], actual_size=request.content_length)
-    raw = await request.read()  # bounded by client_max_size, also for chunked bodies
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _BadBody(f"body is not JSON: {exc}") from exc
-
-
-class _BadBody(Exception):
-    pass
+    """The body within capture.limits.AGENT_BODY (max_bytes overridable by --max-body-bytes)."""
+    return await web_json.read_json(request, request.app[LIMIT_KEY])
 
 
 async def put_target(request: web.Request) -> web.Response:
@@ -89,8 +81,6 @@ async def put_target(request: web.Request) -> web.Response:
     try:
         body = await _read_json(request)
         status, created = agent.dispatch(capture_id, target_id, body)
-    except _BadBody as exc:
-        return _error(400, str(exc), "")
     except schemas.SchemaError as exc:
         return _error(400, str(exc), exc.field)
     except DispatchRefused as exc:
@@ -128,7 +118,7 @@ def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES) 
         raise ValueError("the agent API needs a non-empty token")
     app = web.Application(middlewares=[_errors_middleware, _auth_middleware(token)], client_max_size=max_body_bytes)
     app[AGENT_KEY] = agent
-    app[MAX_BODY_KEY] = max_body_bytes
+    app[LIMIT_KEY] = dataclasses.replace(limits.AGENT_BODY, max_bytes=max_body_bytes)
     app.router.add_put("/v1/captures/{capture_id}/targets/{target_id}", put_target)
     app.router.add_get("/v1/captures/{capture_id}", get_capture)
     app.router.add_post("/v1/captures/{capture_id}/cancel", cancel_capture)

@@ -11,7 +11,6 @@ period, so a crashed trainer (no atexit) does not leave targets that look regist
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any, Callable
 
 from gpulens.logs import get_logger
 
-from .. import schemas
+from .. import limits, schemas
 from ..models import RegistrationRecord
 
 __all__ = ["Worker", "WorkerRegistry", "ProcFs"]
@@ -112,7 +111,7 @@ class WorkerRegistry:
             if path.suffix != ".json" or path.name.startswith("."):
                 continue  # the hook's temp files are dot-files
             try:
-                data = json.loads(path.read_text())
+                data = limits.load_file(path, limits.REGISTRATION_FILE)
                 out.append((path, RegistrationRecord.from_dict(data)))
             except (OSError, ValueError, schemas.SchemaError) as exc:
                 key = (path.name, _mtime(path))

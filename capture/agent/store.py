@@ -20,6 +20,7 @@ from typing import Any
 
 from gpulens.logs import get_logger
 
+from .. import limits
 from ..models import Dispatch, FailureReason, TargetState, TargetStatus
 
 __all__ = ["TargetRecord", "StatusStore", "CAPTURE_ID_RE", "TARGET_ID_RE"]
@@ -90,7 +91,7 @@ class StatusStore:
                 continue
             for f in sorted(cap.glob("*.json")):
                 try:
-                    rec = TargetRecord.from_dict(json.loads(f.read_text()))
+                    rec = TargetRecord.from_dict(limits.load_file(f, limits.STATE_FILE))
                 except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
                     _log.error("store.unreadable", file=str(f), error=str(exc)[:300])
                     continue

@@ -8,19 +8,18 @@ zero exit code can only ever mean that something was analysed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from capture import schemas
+from capture import limits, schemas
 from capture.archive import ArchiveError, ArchiveStore, open_archive
 from capture.models import Manifest
 
 __all__ = ["ManifestInput", "ManifestRefused", "read_manifest", "capture_prefix_of"]
 
 #: a manifest is a small receipt; anything bigger is not one (and must not exhaust memory)
-MAX_MANIFEST_BYTES = 16 << 20
+MAX_MANIFEST_BYTES = limits.MANIFEST_FILE.max_bytes
 
 
 class ManifestRefused(Exception):
@@ -61,7 +60,10 @@ def read_manifest(manifest_uri: str, **archive_options: Any) -> ManifestInput:
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestRefused("too_large", f"manifest {manifest_uri} is {len(raw)} bytes; refusing over {MAX_MANIFEST_BYTES}")
     try:
-        data = json.loads(raw)
+        data = limits.loads(raw, limits.MANIFEST_FILE)
+    except limits.JsonLimitError as exc:
+        raise ManifestRefused("too_large" if exc.limit == "max_bytes" else "too_deep",
+                              f"manifest {manifest_uri}: {exc}") from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise ManifestRefused("not_json", f"manifest {manifest_uri} is not JSON: {exc}") from exc
     if isinstance(data, dict) and not data:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import os
 import re
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from capture import limits
 
 from .exclusions import Exclusion
 
@@ -170,8 +171,8 @@ def _int_or_none(v) -> int | None:
 
 def _facts(data: bytearray, compressed: bool) -> TraceFacts:
     try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        doc = limits.loads(data, limits.TRACE_FILE)
+    except (UnicodeDecodeError, ValueError) as exc:  # JsonLimitError included
         raise _Reject(Exclusion.UNREADABLE, f"not JSON: {str(exc)[:200]}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise _Reject(Exclusion.UNREADABLE, "not a Kineto trace: no top-level traceEvents array")

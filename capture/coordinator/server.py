@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from capture import limits, web_json
 from capture.models import CaptureRequest
 from capture.schemas import SchemaError
 
@@ -30,11 +31,8 @@ def ndjson_line(obj: Any) -> bytes:
 
 
 async def read_json(request: web.Request) -> Any:
-    try:
-        return await request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"body is not JSON: {exc}", "field": ""}),
-                                 content_type="application/json") from exc
+    """The body within capture.limits.COORDINATOR_BODY (400/413 naming the limit otherwise)."""
+    return await web_json.read_json(request, limits.COORDINATOR_BODY)
 
 
 def _unknown(capture_id: str) -> web.Response:
@@ -119,7 +117,7 @@ async def capture_events(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(coordinator: Coordinator, credentials: Credentials, *, heartbeat_s: float = 15.0) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware(credentials)], client_max_size=256 * 1024)
+    app = web.Application(middlewares=[web_json.json_errors, auth_middleware(credentials)], client_max_size=limits.COORDINATOR_BODY.max_bytes)
     app[COORDINATOR] = coordinator
     app[HEARTBEAT_S] = heartbeat_s
     app.router.add_get("/healthz", healthz)

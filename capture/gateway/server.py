@@ -15,6 +15,7 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
+from capture import limits, web_json
 from capture.client.api import ApiError, ApiUnavailable, CaptureApi
 from capture.coordinator.auth import Credentials, auth_middleware
 from gpulens.logs import get_logger
@@ -37,11 +38,7 @@ def _unknown(capture_id: str) -> web.Response:
 
 
 async def _json(request: web.Request):
-    try:
-        return await request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"body is not JSON: {exc}", "field": ""}),
-                                 content_type="application/json") from exc
+    return await web_json.read_json(request, limits.GATEWAY_BODY)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -156,7 +153,7 @@ async def list_captures(request: web.Request) -> web.Response:
 
 
 def make_app(gateway: Gateway, credentials: Credentials, api_for: Callable[[str], CaptureApi]) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware(credentials)], client_max_size=4 << 20)
+    app = web.Application(middlewares=[web_json.json_errors, auth_middleware(credentials)], client_max_size=limits.GATEWAY_BODY.max_bytes)
     app[GATEWAY] = gateway
     app[API_FOR] = api_for
     app.router.add_get("/healthz", healthz)

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import schemas
+from .. import limits, schemas
 
 SCHEMA_VERSION = 1
 
@@ -140,7 +140,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Manifest":
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(limits.loads(text, limits.MANIFEST_FILE))
 
 
 def _wrap(**parts: Any) -> dict[str, Any]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import schemas
+from .. import limits, schemas
 
 SCHEMA_VERSION = 1
 
@@ -46,7 +45,7 @@ class RegistrationRecord:
     @classmethod
     def load(cls, path: Path) -> "RegistrationRecord":
         """Read one record file; raises OSError, ValueError (bad JSON) or SchemaError."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(limits.load_file(path, limits.REGISTRATION_FILE))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from aiohttp import web
 
+from capture import limits, web_json
 from gpulens.logs import get_logger
 
 from .arming import arm_pod
@@ -28,7 +29,7 @@ __all__ = ["review_response", "make_app", "tls_context", "reload_certificates", 
 
 log = get_logger("webhook")
 
-MAX_BODY = 8 * 1024 * 1024   # admission requests are bounded by the 3 MiB object limit; leave room
+MAX_BODY = limits.WEBHOOK_BODY.max_bytes   # admission requests are bounded by the 3 MiB object limit
 
 
 class BadReview(ValueError):
@@ -84,12 +85,7 @@ def make_app(cfg: ArmingConfig | None, image: str) -> web.Application:
     async def mutate(request: web.Request) -> web.Response:
         if request.content_type != "application/json":
             return web.json_response({"error": "Content-Type must be application/json"}, status=415)
-        try:
-            review = json.loads(await request.read())
-        except web.HTTPRequestEntityTooLarge:
-            raise
-        except ValueError as exc:
-            return web.json_response({"error": f"body is not JSON: {exc}"}, status=400)
+        review = await web_json.read_json(request, limits.WEBHOOK_BODY)
         try:
             return web.json_response(review_response(review, cfg, image))  # type: ignore[arg-type]
         except BadReview as exc:
