@@ -7,12 +7,14 @@ deletion. A missed or failed event costs nothing because the periodic resync red
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kopf
 
 from . import labels as L
 from .jobs import job_of_pod
+from .login import login_in_cluster
 from .reconcile import Reconciler
 
 __all__ = ["build_registry"]
@@ -25,11 +27,12 @@ def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | Non
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # A registry of our own carries no default login. In a pod: the service-account token,
-        # re-read on every re-login (tokens rotate). Elsewhere: $KUBECONFIG, read at call time
+        # re-read on every re-login (tokens rotate), at KUBERNETES_SERVICE_HOST/PORT (kopf's own
+        # login needs DNS for kubernetes.default.svc). Elsewhere: $KUBECONFIG, read at call time
         # (the kubernetes client reads it once at import, before `--kubeconfig` could set it).
         if connection is not None:
             return connection
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        return login_in_cluster(env=os.environ, settings=kwargs.get("settings")) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

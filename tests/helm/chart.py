@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "gpulens"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 RELEASE, NAMESPACE = "gl", "gpulens-system"
-#: Kubernetes versions checked: the chart's minimum (Chart.yaml kubeVersion) and the newest known.
+#: Schema versions checked: the oldest upstream-supported line (1.27) and the newest known. The chart also
+#: installs on 1.20 (Chart.yaml kubeVersion; see helm/gpulens/README.md), proven by tests/cluster, not here.
 K8S_VERSIONS = ("1.27", "1.36")
 
 _EXTERNAL = {
