@@ -5,21 +5,18 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from urllib.parse import unquote, urlparse
-
-from .base import ArchiveError, join_uri, under_prefix
+from .base import ArchiveError
+from .paths import archive_path, join_uri, resolve
 
 
 class FileStore:
     def __init__(self, prefix: str):
-        if urlparse(prefix).scheme != "file":
+        if archive_path(prefix).scheme != "file":
             raise ArchiveError(f"not a file:// prefix: {prefix!r}")
         self.prefix = prefix.rstrip("/")
 
     def _path(self, uri: str) -> Path:
-        if not under_prefix(self.prefix, uri):
-            raise ArchiveError(f"{uri} is outside the archive prefix {self.prefix}")
-        return Path(unquote(urlparse(uri).path))
+        return Path(resolve(self.prefix, uri).path)  # the decoded path that was checked
 
     def _write(self, uri: str, writer) -> str:
         dest = self._path(uri)

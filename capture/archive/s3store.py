@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
 
-from .base import ArchiveError, join_uri, under_prefix
+from .base import ArchiveError
+from .paths import archive_path, join_uri, resolve
 
 _RETRYABLE = {"RequestTimeout", "SlowDown", "InternalError", "ServiceUnavailable", "503", "500"}
 
@@ -17,8 +17,8 @@ class S3Store:
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
-        u = urlparse(prefix)
-        if u.scheme != "s3" or not u.netloc:
+        u = archive_path(prefix)
+        if u.scheme != "s3":
             raise ArchiveError(f"not an s3://bucket/prefix URI: {prefix!r}")
         self.prefix = prefix.rstrip("/")
         self.bucket, self.base = u.netloc, u.path.strip("/")
@@ -29,9 +29,7 @@ class S3Store:
         self._transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=multipart_threshold)
 
     def _key(self, uri: str) -> str:
-        if not under_prefix(self.prefix, uri):
-            raise ArchiveError(f"{uri} is outside the archive prefix {self.prefix}")
-        return urlparse(uri).path.lstrip("/")
+        return resolve(self.prefix, uri).path.lstrip("/")  # the decoded key that was checked
 
     def _fail(self, what: str, exc: Exception) -> ArchiveError:
         from botocore.exceptions import ClientError

@@ -180,3 +180,18 @@ def test_same_clock_but_another_window_is_excluded(builder, trace_filter):
     assert _status(run) == {"rank-0": ("analysed", None), "rank-1": ("excluded", "clock_mismatch")}
     detail = next(r for r in run.summary["ranks"] if r["rank"] == 1)["detail"]
     assert "2023-04-29T" in detail and "2023-04-28T" in detail  # both start times, a day apart
+
+
+@pytest.mark.parametrize("up", ["..", "%2e%2e", "%2E%2e", "%252e%252e", ".%2e"])
+def test_an_encoded_escape_from_the_capture_is_never_read(builder, trace_filter, tmp_path, up):
+    """A valid trace with the right sha256, outside the archive, named through an encoded `..`."""
+    outside = tmp_path / "elsewhere" / "secret.json.gz"
+    outside.parent.mkdir()
+    outside.write_bytes(trace_filter[1].read_bytes())
+    b = builder()
+    uri = b.dir.as_uri() + "/" + "/".join([up] * 5) + "/elsewhere/secret.json.gz"
+    capture = b.add(0, trace_filter[0]).add(1, outside, uri=uri).write()
+    run = analyze_manifest(capture.manifest_uri)
+    assert _status(run)["rank-1"] == ("excluded", "fetch_failed")
+    assert "decodes to" in next(r for r in run.summary["ranks"] if r["rank"] == 1)["detail"]
+    assert _status(run)["rank-0"] == ("analysed", None)
