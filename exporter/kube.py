@@ -33,7 +33,7 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 PYTORCHJOB_NAME = "training.kubeflow.org/job-name"
 _PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 _BATCH_JOB = ("batch/v1", "Job")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 
 
 @dataclass(frozen=True)

@@ -104,9 +104,9 @@ class Agent:
 
     def dispatch(self, capture_id: str, target_id: str, body: Any) -> tuple[TargetStatus, bool]:
         """Accept (True) or repeat (False) a dispatch; DispatchRefused or schemas.SchemaError for bad input."""
-        if not CAPTURE_ID_RE.match(capture_id):
+        if not CAPTURE_ID_RE.fullmatch(capture_id):
             raise DispatchRefused("capture_id", f"capture id {capture_id!r} does not match {CAPTURE_ID_RE.pattern}")
-        if not TARGET_ID_RE.match(target_id):
+        if not TARGET_ID_RE.fullmatch(target_id):
             raise DispatchRefused("target_id", f"target id {target_id!r} does not match {TARGET_ID_RE.pattern}")
         spec = Dispatch.from_dict(body)  # raises schemas.SchemaError naming the field
         existing = self.store.get(capture_id, target_id)

@@ -27,8 +27,9 @@ __all__ = ["TargetRecord", "StatusStore", "CAPTURE_ID_RE", "TARGET_ID_RE"]
 
 _log = get_logger("agent")
 
-CAPTURE_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{7,62}$")       # as capture_request.schema.json
-TARGET_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # e.g. rank-12; no dots: it names files
+# full-match only (\A...\Z, fullmatch): `$` would also accept a trailing newline
+CAPTURE_ID_RE = re.compile(r"\A[a-z0-9][a-z0-9-]{7,62}\Z")       # as capture_request.schema.json
+TARGET_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,62}\Z")  # e.g. rank-12; no dots: it names files
 
 
 @dataclass
@@ -87,7 +88,7 @@ class StatusStore:
     def load(self) -> list[TargetRecord]:
         """Read every persisted target (at start-up); unreadable files are logged and skipped."""
         for cap in sorted(self.root.iterdir()):
-            if not cap.is_dir() or not CAPTURE_ID_RE.match(cap.name):
+            if not cap.is_dir() or not CAPTURE_ID_RE.fullmatch(cap.name):
                 continue
             for f in sorted(cap.glob("*.json")):
                 try:
@@ -115,7 +116,7 @@ class StatusStore:
 
     def put(self, rec: TargetRecord) -> None:
         """Persist `rec` (atomically) and keep it in memory."""
-        if not (CAPTURE_ID_RE.match(rec.capture_id) and TARGET_ID_RE.match(rec.target_id)):
+        if not (CAPTURE_ID_RE.fullmatch(rec.capture_id) and TARGET_ID_RE.fullmatch(rec.target_id)):
             raise ValueError(f"unsafe ids {rec.key!r}")
         directory = self.root / rec.capture_id
         directory.mkdir(exist_ok=True)

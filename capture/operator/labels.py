@@ -45,12 +45,12 @@ JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_RESTART = "jobset.sigs.k8s.io/restart-attempt"
 PYTORCHJOB_NAME = "training.kubeflow.org/job-name"
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _DNS_INVALID = re.compile(r"[^a-z0-9-]+")
 
 
 def is_label_value(value: str) -> bool:
-    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+    return len(value) <= 63 and bool(_LABEL_VALUE.fullmatch(value))
 
 
 def dns_name(*parts: str, max_len: int = 63) -> str:

@@ -8,6 +8,7 @@ view of the same data. Errors name the offending field, so a 400 tells the calle
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -46,8 +47,20 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
     registry = Registry().with_resources(
         (f"{_BASE}{n}.schema.json", Resource.from_contents(d)) for n, d in docs.items()
     )
-    cls = jsonschema.validators.validator_for(docs[name])
+    cls = jsonschema.validators.extend(jsonschema.validators.validator_for(docs[name]), {"pattern": _pattern})
     return cls(docs[name], registry=registry, format_checker=cls.FORMAT_CHECKER)
+
+
+@lru_cache(maxsize=None)
+def _full(pattern: str) -> re.Pattern[str]:
+    """JSON Schema patterns are ECMA-262, where `$` (no m flag) is the end of the input; Python's `$`
+    also matches before a final newline, which let `c-...\\n` pass as an id. Anchor at `\\Z` instead."""
+    return re.compile(re.sub(r"(?<!\\)\$", r"\\Z", pattern))
+
+
+def _pattern(validator, pattern: str, instance: Any, schema: dict) -> Any:
+    if validator.is_type(instance, "string") and not _full(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 def _path(err: jsonschema.ValidationError) -> str:

@@ -26,3 +26,17 @@ async def test_escaping_prefixes_are_refused_and_nothing_is_written(node, agent,
     assert sorted(p for p in node.base.parent.rglob("*") if "archive" not in p.parts) == before
 
 
+
+
+@pytest.mark.parametrize("capture_id, target_id, field", [
+    ("c-newline0001%0A", "rank-0", "capture_id"), ("c-newline0001%0a", "rank-0", "capture_id"),
+    ("%0Ac-newline0001", "rank-0", "capture_id"), ("c-newline0001", "rank-0%0A", "target_id"),
+])
+async def test_a_newline_in_a_path_id_is_400(node, agent, capture_id, target_id, field):
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+        async with s.put(f"{agent.url}/v1/captures/{capture_id}/targets/{target_id}",
+                         json=dispatch(node, "c-newline0001", 0)) as r:
+            body = await r.json()
+            assert r.status == 400 and body["field"] == field, body
+        async with s.get(agent.url + "/v1/captures/c-newline0001") as r:
+            assert r.status == 404

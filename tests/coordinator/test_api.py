@@ -64,6 +64,8 @@ async def test_every_endpoint_but_healthz_needs_the_token(api, http, headers):
     ({"job_id": "train", "duration_ms": 500, "surprise": 1}, "surprise"),
     ({"job_id": "train", "duration_ms": 500, "options": {"record_shapes": "yes"}}, "options.record_shapes"),
     ([1, 2], ""),
+    ({"job_id": "train", "duration_ms": 500, "capture_id": "c-20261201-abcdef\n"}, "capture_id"),  # $ vs \Z
+    ({"job_id": "train\n", "duration_ms": 500}, "job_id"),
 ])
 async def test_bad_requests_are_400_naming_the_field_and_start_nothing(api, http, body, field):
     url, c, double = api
