@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .btf import BtfError, member_offsets
 from .elfsyms import ElfError, function_offsets
+from .kheaders import KernelHeaders, choose as choose_headers
 from .symbols import DRIVER_PROBES, ProbeSpec, entry_only
 
 __all__ = ["ProbeUnavailable", "ProcessKey", "ProcessCounters", "MapUsage", "AttachResult",
@@ -136,10 +137,14 @@ class DriverProbes:
                        f"-DTASK_START_BOOTTIME_OFF={offs['start_boottime']}"]
         except (OSError, BtfError) as exc:
             self.start_time_problem = f"no kernel BTF ({exc})"
+        #: the kernel headers bcc compiles against (the host's, else the image's bundled tree)
+        self.kernel_headers: KernelHeaders = choose_headers(os.uname().release, os.environ)
+        os.environ.update(self.kernel_headers.env)       # bcc reads BCC_KERNEL_SOURCE from there only
         try:
             self._bpf = BPF(src_file=str(PROGRAM_PATH).encode(), cflags=cflags)
         except Exception as exc:
-            raise ProbeUnavailable(f"BPF program did not load: {exc}") from exc
+            raise ProbeUnavailable(f"BPF program did not load: {exc} "
+                                   f"(kernel headers: {self.kernel_headers.describe()})") from exc
         self._BPF, self._lib = BPF, lib
         self.capacity = {"procs": int(max_processes), "inflight": int(max_inflight)}
         self._attachments: dict[tuple[int, int], _Attachment] = {}

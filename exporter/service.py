@@ -106,6 +106,9 @@ class Exporter:
                 log.warning("ebpf.unavailable", reason=str(exc))
             else:
                 ebpf.waiting(self._no_library_reason())
+                headers = getattr(self.probes, "kernel_headers", None)   # probe doubles have none
+                if headers is not None:
+                    log.info("ebpf.kernel_headers", headers=headers.describe())
                 self._gate_return_probes()
                 if self.probes.start_time_problem:
                     log.warning("ebpf.no_start_times", reason=self.probes.start_time_problem)

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash image/setup.sh       # podman, runc, mmdebstrap: tests/container builds the image (image/build.sh)
 exec .venv/bin/python -m pytest "$@"
