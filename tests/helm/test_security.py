@@ -167,3 +167,15 @@ def test_cert_manager_mode_injects_the_ca_instead_of_generating_one():
     cert = one(objs, "Certificate", "-webhook-tls")
     assert cert["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "selfsigned"}
     assert not [o for o in by_kind(objs, "Secret") if o["metadata"]["name"].endswith("-webhook-tls")]
+
+
+def test_node_servers_can_listen_on_the_node_ip_only():
+    listens = lambda objs: {n: [a for a in c["args"] if a.startswith("--listen=")] for n, c in  # noqa: E731
+                            containers(one(objs, "DaemonSet", "-node")).items() if n in ("exporter", "agent")}
+    assert listens(render()) == {"exporter": ["--listen=0.0.0.0:9450"], "agent": ["--listen=0.0.0.0:9451"]}
+    objs = render({"node": {"listenOnNodeIP": True}})
+    assert listens(objs) == {"exporter": ["--listen=$(GPULENS_NODE_IP):9450"], "agent": ["--listen=$(GPULENS_NODE_IP):9451"]}
+    for name, c in containers(one(objs, "DaemonSet", "-node")).items():
+        if name in ("exporter", "agent"):
+            env = {e["name"]: e for e in c["env"]}
+            assert env["GPULENS_NODE_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}

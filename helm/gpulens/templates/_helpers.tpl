@@ -80,3 +80,8 @@ capabilities:
     secretName: {{ include "gpulens.tokensSecret" . }}
     defaultMode: 0440
 {{- end }}
+
+{{/* Where the node DaemonSet's servers listen: every address, or only the node's IP (listenOnNodeIP). */}}
+{{- define "gpulens.nodeListenHost" -}}
+{{- if .Values.node.listenOnNodeIP -}}$(GPULENS_NODE_IP){{- else -}}0.0.0.0{{- end -}}
+{{- end }}
