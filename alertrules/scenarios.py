@@ -63,6 +63,8 @@ class Pod:
     container: str = "trainer"
     node: str = NODE
     gpulens_job: str | None = None
+    # the exporter's gpulens_workload: job/<gpulens_job>, else the owner, else Pod/<pod>
+    workload: str | None = None
     launches: Steps = flat(LAUNCHES)
     graph_launches: Steps | None = None
     sync_wait: Steps = flat(SYNC)
@@ -73,16 +75,28 @@ class Pod:
     # The exporter keeps a series' counters (flat) for --retired-ttl (default 900 s) after its
     # last process exits, so a restart of one rank does not reset the series; NVML gauges go at once.
     retired_ttl: int = 15
+    # the pod's process is gone for minutes [a, b) and then restarts in the same pod: NVML lists
+    # no process meanwhile, the exporter keeps the counters (flat) and continues them afterwards
+    restart_gap: tuple[int, int] | None = None
 
     def exported(self, minute: int) -> bool:
         """Counters are exported: alive, or within the retired TTL after the exit."""
         return self.start <= minute and (self.end is None or minute < self.end + self.retired_ttl)
 
     def alive(self, minute: int) -> bool:
+        if self.restart_gap and self.restart_gap[0] <= minute < self.restart_gap[1]:
+            return False
         return self.start <= minute and (self.end is None or minute < self.end)
 
+    @property
+    def gpulens_workload(self) -> str:
+        if self.workload:
+            return self.workload
+        return f"job/{self.gpulens_job}" if self.gpulens_job else f"Pod/{self.pod}"
+
     def alert_labels(self) -> dict[str, str]:
-        labels = {"namespace": self.namespace, "pod": self.pod, "node": self.node}
+        labels = {"namespace": self.namespace, "pod": self.pod, "node": self.node,
+                  "gpulens_workload": self.gpulens_workload}
         if self.gpulens_job:
             labels["gpulens_job"] = self.gpulens_job
         return labels
@@ -191,6 +205,7 @@ class Scenario:
                 f'pod="{pod.pod}", container="{pod.container}"')
         if pod.gpulens_job:
             base += f', gpulens_job="{pod.gpulens_job}"'
+        base += f', gpulens_workload="{pod.gpulens_workload}"'
         out = self._counter(f"gpulens_kernel_launches_total{{{base}}}", pod, pod.launches)
         if pod.graph_launches is not None:
             out += self._counter(f"gpulens_graph_launches_total{{{base}}}", pod, pod.graph_launches)
@@ -409,12 +424,21 @@ _two_gpu = (Pod("ml", "ddp-0", gpu="0", launches=flat(1000.0), graph_launches=fl
                 sync_wait=flat(0.5)),
             Pod("ml", "ddp-0", gpu="1", launches=flat(1000.0), graph_launches=flat(50.0),
                 sync_wait=flat(0.5)))
-_ddp = {"namespace": "ml", "pod": "ddp-0", "node": NODE}
+_ddp = {"namespace": "ml", "pod": "ddp-0", "node": NODE, "gpulens_workload": "Pod/ddp-0"}
+_ddp_workload = {"namespace": "ml", "gpulens_workload": "Pod/ddp-0"}
 
 
-def _labels(extra: dict[str, str] | None = None) -> str:
-    merged = {**_ddp, **(extra or {})}
+def _labels(extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> str:
+    merged = {**(_ddp if base is None else base), **(extra or {})}
     return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(merged.items())) + "}"
+
+
+_wl = {"namespace": "ml", "gpulens_workload": "job/mixed"}
+_mixed = (Pod("ml", "mixed-0", gpulens_job="mixed", launches=flat(1000.0), sync_wait=flat(0.25), h2d=flat(10e6)),
+          Pod("ml", "mixed-1", gpu="1", gpulens_job="mixed", launches=flat(3000.0), sync_wait=flat(0.75),
+              h2d=flat(30e6)),
+          # started at 45: not settled (10 minutes of life) at 50, so not counted in its workload
+          Pod("ml", "mixed-2", gpu="2", gpulens_job="mixed", start=45, launches=flat(100.0)))
 
 
 RECORDING: tuple[Scenario, ...] = (
@@ -434,19 +458,205 @@ RECORDING: tuple[Scenario, ...] = (
                                  f"{_labels({'direction': 'h2d'})}", 2 * H2D),)),
                  ExpectSamples(50, "namespace_pod:gpulens_gpu_pods:max",
                                ((f"namespace_pod:gpulens_gpu_pods:max{_labels()}", 1.0),)),
-                 ExpectSamples(50, "namespace_pod:gpulens_launches:baseline30m_rate5m",
-                               ((f"namespace_pod:gpulens_launches:baseline30m_rate5m{_labels()}", 2100.0),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_pod:baseline30m_rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_pod:baseline30m_rate5m"
+                                 f"{_labels(base=_ddp_workload)}", 2100.0),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_pod:baseline_rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_pod:baseline_rate5m"
+                                 f"{_labels(base=_ddp_workload)}", 2100.0),)),
                  ExpectSamples(50, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
                                ((f"namespace_pod:gpulens_launches_per_baseline:ratio_rate5m{_labels()}", 1.0),)),
-                 # 34 minutes of history: no baseline yet, so no gate
-                 ExpectSamples(34, "namespace_pod:gpulens_launches:baseline30m_rate5m", ()),
-                 ExpectSamples(34, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m", ()),
+                 # settled after 10 minutes of life, not before
+                 ExpectSamples(9, "namespace_pod:gpulens_live:settled", ()),
+                 ExpectSamples(10, "namespace_pod:gpulens_live:settled",
+                               ((f"namespace_pod:gpulens_live:settled{_labels()}", 1.0),)),
+                 # a workload with under 35 minutes of history has no baseline yet, so no gate
+                 ExpectSamples(44, "namespace_workload:gpulens_launches_per_pod:baseline_rate5m", ()),
+                 ExpectSamples(44, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m", ()),
+                 ExpectSamples(45, "namespace_workload:gpulens_launches_per_pod:baseline_rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_pod:baseline_rate5m"
+                                 f"{_labels(base=_ddp_workload)}", 2100.0),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_off_baseline:group", ()),
                  # nothing rising or falling in a steady pod
                  ExpectSamples(50, "namespace_pod:gpulens_gpu_pods:max_rising", ()),
                  ExpectSamples(50, "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m_rising", ()),
                  ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_rising", ()),
                  ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_falling", ()),
              )),
+    Scenario("recording_per_pod_workload",
+             "A job of three pods: the workload's signals are means over its settled pods (per-pod "
+             "normalisation), and a pod still in its warm-up is not counted.", 55,
+             pods=_mixed,
+             expect_samples=(
+                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_pod:rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_pod:rate5m{_labels(base=_wl)}", 2000.0),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_sync_wait_seconds:avg_rate5m",
+                               ((f"namespace_workload:gpulens_sync_wait_seconds:avg_rate5m{_labels(base=_wl)}", 0.5),)),
+                 ExpectSamples(50, 'namespace_workload_direction:gpulens_memcpy_bytes_per_pod:rate5m{direction="h2d"}',
+                               ((f"namespace_workload_direction:gpulens_memcpy_bytes_per_pod:rate5m"
+                                 f"{_labels({'direction': 'h2d'}, base=_wl)}", 20e6),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_gpu_pods:avg_max",
+                               ((f"namespace_workload:gpulens_gpu_pods:avg_max{_labels(base=_wl)}", 1.0),)),
+                 ExpectSamples(55, "namespace_workload:gpulens_launches_per_pod:rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_pod:rate5m{_labels(base=_wl)}",
+                                 (1000.0 + 3000.0 + 100.0) / 3),)),
+             )),
 )
 
-ALL: tuple[Scenario, ...] = INCIDENTS + NON_EVENTS + EXPORTER + RECORDING
+
+
+
+# --- workloads across pod replacement, scaling and lasting regressions (issue 14) --------------
+# Pods come and go as Kubernetes makes them: a new pod has a new name and starts with a short
+# warm-up (WARMUP minutes at a tenth of its demand and feed). The baseline belongs to the
+# workload (gpulens_workload), so a new pod inherits it; the alerts state exactly when they fire
+# and when they stop.
+WARMUP = 8
+LONG = 200   # minutes: long enough to see a lasting regression become the new normal
+
+
+def _warm(start: int, value: float, then: Steps | None = None) -> Steps:
+    """A new pod's rate: a tenth of `value` for WARMUP minutes, then `value` (or the steps `then`)."""
+    steps = [(start, value / 10), (start + WARMUP, value)]
+    if then is not None:
+        steps += [(m, v) for m, v in then.steps if m > start + WARMUP]
+    return Steps(tuple(steps))
+
+
+def _new_pod(namespace: str, pod: str, start: int, *, end: int | None = None, launches: float = LAUNCHES,
+             sync: float = SYNC, h2d: float = H2D, d2h: float = D2H, **kw) -> Pod:
+    return Pod(namespace, pod, start=start, end=end, launches=_warm(start, launches),
+               sync_wait=_warm(start, sync), h2d=_warm(start, h2d), d2h=_warm(start, d2h), **kw)
+
+
+def _window(alert: tuple[str, dict[str, str]] | None, silent_until: int, fires: tuple[int, int] | None,
+            minutes: int, extra: tuple[int, ...] = ()) -> tuple[Expect, ...]:
+    """Silence before `fires[0]` (checked at the minute before it and at `silent_until` and
+    `extra`), firing from `fires[0]` through `fires[1] - 1`, and silence from `fires[1]` on."""
+    points: dict[int, tuple] = {m: () for m in (silent_until, *extra) if m <= minutes}
+    if fires is not None and alert is not None:
+        start, stop = fires
+        points[start - 1] = ()
+        for m in (start, start + 1, (start + stop) // 2, stop - 1):
+            points[m] = (alert,)
+        if stop <= minutes:
+            points[stop] = ()
+        if stop + 15 <= minutes:
+            points[stop + 15] = ()
+    return tuple(Expect(m, firing) for m, firing in sorted(points.items()))
+
+
+_job = "llama-ft"
+_rd_old = Pod("ml", "llama-ft-worker-0-h2x7k", gpulens_job=_job, end=T)
+_rd_new = _new_pod("ml", "llama-ft-worker-0-p9q4z", T + 1, gpulens_job=_job,
+                   launches=1950.0, sync=0.55, d2h=40e6)
+
+_rs_old = Pod("ml", "bert-trainer-6d5f8c7b9-x2lqm", workload="Deployment/bert-trainer", end=T)
+_rs_new = _new_pod("ml", "bert-trainer-7c9d6b5f4-k8mzt", T, workload="Deployment/bert-trainer",
+                   launches=900.0, sync=0.1, h2d=15e6)
+
+_nn_hour = Pod("ml", "resnet-worker-0", gpulens_job="resnet",
+               sync_wait=Steps(((0, SYNC), (T, 0.2), (T + 60, SYNC))),
+               launches=Steps(((0, LAUNCHES), (T, 1000.0), (T + 60, LAUNCHES))),
+               h2d=Steps(((0, H2D), (T, 25e6), (T + 60, H2D))))
+_nn_hour_neighbour = Pod("batch", "etl-7f9c-q2w", container="worker", start=T, end=T + 60, launches=flat(900.0))
+
+_rb_bad = _new_pod("ml", "llama-ft-worker-0-p9q4z", T + 1, end=T + 40, gpulens_job=_job,
+                   launches=1950.0, sync=0.55, d2h=40e6)
+_rb_good = _new_pod("ml", "llama-ft-worker-0-r3t8v", T + 41, gpulens_job=_job)
+
+_lasting = Pod("ml", "llama-ft-worker-0", gpulens_job=_job,
+               launches=change(LAUNCHES, T, 1950.0), sync_wait=change(SYNC, T, 0.55), d2h=change(D2H, T, 40e6))
+
+_reverted = Pod("ml", "llama-ft-worker-0", gpulens_job=_job,
+                launches=Steps(((0, LAUNCHES), (T, 1950.0), (T + 50, LAUNCHES))),
+                sync_wait=Steps(((0, SYNC), (T, 0.55), (T + 50, SYNC))),
+                d2h=Steps(((0, D2H), (T, 40e6), (T + 50, D2H))))
+
+_dep = "Deployment/web-embed"
+_rollout = (Pod("ml", "web-embed-5b7c9-aaaaa", workload=_dep, end=T + 2),
+            Pod("ml", "web-embed-5b7c9-bbbbb", gpu="1", workload=_dep, end=T + 4),
+            _new_pod("ml", "web-embed-6c8d1-ccccc", T, gpu="2", workload=_dep),
+            _new_pod("ml", "web-embed-6c8d1-ddddd", T + 2, gpu="3", workload=_dep))
+
+_ddp = "ddp-run"
+_four = tuple(Pod("ml", f"ddp-run-worker-{i}", gpu=str(i), gpulens_job=_ddp, end=T if i >= 2 else None)
+              for i in range(4))
+_two_then_four = (tuple(Pod("ml", f"ddp-run-worker-{i}", gpu=str(i), gpulens_job=_ddp) for i in range(2))
+                  + tuple(_new_pod("ml", f"ddp-run-worker-{i}", T, gpu=str(i), gpulens_job=_ddp) for i in (2, 3)))
+_run1 = tuple(Pod("ml", f"llama-ft-worker-{i}-run1", gpu=str(i), gpulens_job=_job, end=T) for i in range(2))
+_run2 = tuple(_new_pod("ml", f"llama-ft-worker-{i}-run2", T + 5, gpu=str(i), gpulens_job=_job) for i in range(2))
+
+_restarted = Pod("ml", "steady-worker-0", gpulens_job="steady", restart_gap=(T, T + 2),
+                 launches=Steps(((0, LAUNCHES), (T, 0.0), (T + 2, LAUNCHES / 10), (T + 2 + WARMUP, LAUNCHES))),
+                 sync_wait=Steps(((0, SYNC), (T, 0.0), (T + 2, SYNC / 10), (T + 2 + WARMUP, SYNC))),
+                 h2d=Steps(((0, H2D), (T, 0.0), (T + 2, H2D / 10), (T + 2 + WARMUP, H2D))))
+
+WORKLOADS: tuple[Scenario, ...] = (
+    Scenario("redeploy_host_sync",
+             "A redeploy of the job (the old pod ends at T, a new pod of the same gpulens_job starts "
+             "a minute later) adds a host sync every step: the new pod has no history of its own and "
+             "is judged against its workload's baseline once its warm-up is over.",
+             LONG, pods=(_rd_old, _rd_new),
+             expect=_window(fires(*("GPUWorkloadHostSync", _rd_new, "host_sync")), T - 1, (T + 18, T + 95),
+                            LONG, extra=(T + 5, T + 11))),
+    Scenario("resize_input_starvation",
+             "A lower CPU limit recreates a Deployment's pod (no job label: the workload is the "
+             "Deployment): the new pod's input pipeline starves the GPU.",
+             LONG, pods=(_rs_old, _rs_new),
+             expect=_window(fires(*("GPUWorkloadInputStarvation", _rs_new, "input_starvation")), T - 1,
+                            (T + 15, T + 95), LONG, extra=(T + 5,))),
+    Scenario("noisy_neighbor_for_an_hour",
+             "A batch pod shares the victim's GPU for an hour: the alert lasts as long as the "
+             "neighbour stays (the baseline does not absorb it) and resolves soon after it leaves.",
+             LONG, pods=(_nn_hour, _nn_hour_neighbour),
+             expect=_window(fires(*("GPUWorkloadNoisyNeighbor", _nn_hour, "noisy_neighbor")), T - 1,
+                            (T + 10, T + 60), LONG)),
+    Scenario("rollback_resolves",
+             "The host-sync redeploy is rolled back 40 minutes later (a third pod, the old behaviour): "
+             "the alert stops with the regressed pod and nothing fires for the rolled-back one.",
+             LONG, pods=(_rd_old, _rb_bad, _rb_good),
+             expect=_window(fires(*("GPUWorkloadHostSync", _rb_bad, "host_sync")), T - 1, (T + 18, T + 40),
+                            LONG, extra=(T + 51, T + 60, T + 100))),
+    Scenario("host_sync_reverted_in_place",
+             "The host-sync change is switched off in the same pod 50 minutes later: the alert, "
+             "which the baseline kept firing, resolves as soon as back-pressure is back near it.",
+             LONG, pods=(_reverted,),
+             expect=_window(fires(*("GPUWorkloadHostSync", _reverted, "host_sync")), T - 1, (T + 9, T + 52),
+                            LONG, extra=(T + 100,))),
+    Scenario("host_sync_lasting",
+             "The host-sync change in place, never reverted: the alert lasts while the baseline holds "
+             "the old level, then the change becomes the new normal and the alert resolves.",
+             LONG, pods=(_lasting,),
+             expect=_window(fires(*("GPUWorkloadHostSync", _lasting, "host_sync")), T - 1, (T + 9, T + 96),
+                            LONG)),
+)
+
+# every minute around the change (a warm-up alert would be pending for 5 minutes, then fire),
+# and sparsely after it
+_quiet_after_change = tuple(Expect(m) for m in (T - 1, *range(T, T + 25), T + 40, T + 80, T + 120, LONG))
+
+NON_EVENTS_WORKLOADS: tuple[Scenario, ...] = (
+    Scenario("rollout_without_change",
+             "A rolling update of a two-pod Deployment with the same behaviour: each new pod warms up "
+             "while an old one still runs, then the old one ends.",
+             LONG, pods=_rollout, expect=_quiet_after_change),
+    Scenario("scale_in_4_to_2",
+             "A data-parallel job scales from 4 pods to 2 at unchanged per-pod rates.",
+             LONG, pods=_four, expect=_quiet_after_change),
+    Scenario("scale_out_2_to_4",
+             "A data-parallel job scales from 2 pods to 4 at unchanged per-pod rates; the new pods warm up.",
+             LONG, pods=_two_then_four,
+             expect=_quiet_after_change),
+    Scenario("new_run_same_job_label",
+             "A job's two pods end and a new run with the same gpulens_job starts 5 minutes later "
+             "(new pod names, warm-up, then the same behaviour).",
+             LONG, pods=_run1 + _run2,
+             expect=_quiet_after_change),
+    Scenario("process_restart",
+             "The trainer process restarts inside its pod (2 minutes without a process, then a "
+             "warm-up); the exporter keeps the pod's counters across the gap.",
+             LONG, pods=(_restarted,),
+             expect=_quiet_after_change),
+)
+ALL: tuple[Scenario, ...] = INCIDENTS + NON_EVENTS + EXPORTER + RECORDING + WORKLOADS + NON_EVENTS_WORKLOADS

@@ -32,7 +32,10 @@ JSON_DIR = Path(__file__).resolve().parent / "json"
 #: Tags the coordinator puts on its capture annotations (docs/dashboards.md); the tag query ANDs them.
 CAPTURE_TAGS = ("gpulens",)
 
-POD = 'namespace=~"$namespace", pod=~"$pod"'
+POD = 'namespace=~"$namespace", gpulens_workload=~"$workload", pod=~"$pod"'
+# the selected workloads (the key of the baselines: a new pod of the same workload inherits them)
+WORKLOAD = 'namespace=~"$namespace", gpulens_workload=~"$workload"'
+WL_LEGEND = "{{namespace}}/{{gpulens_workload}}"
 NODE = 'node=~"$node", gpu=~"$gpu"'
 # the GPUs the selected pods run on (NVML lists a process of theirs there)
 POD_GPUS = f"group by (node, gpu) (gpulens_process_gpu_memory_bytes{{{POD}}})"
@@ -44,23 +47,67 @@ def _on_pod_gpus(metric: str) -> str:
 
 def _with_baseline(title: str, description: str, current: str, baseline: str, unit: str,
                    legend: str = "{{namespace}}/{{pod}}", **kw) -> PanelSpec:
+    """A pod's signal and the baseline of its workload (per pod), which the alerts compare it with."""
     return PanelSpec(title, description, (
         Query(f"{current}{{{POD}}}", legend),
-        Query(f"{baseline}{{{POD}}}", legend + " baseline"),
+        Query(f"{baseline}{{{WORKLOAD}}}", WL_LEGEND + " baseline per pod"),
+    ), unit=unit, **kw)
+
+
+def _workload_now_vs_baseline(title: str, description: str, now: str, baseline: str, unit: str,
+                              selector: str = "", **kw) -> PanelSpec:
+    sel = f"{{{WORKLOAD}{', ' + selector if selector else ''}}}"
+    suffix = " {{direction}}" if "direction" in selector else ""
+    return PanelSpec(title, description, (
+        Query(f"{now}{sel}", WL_LEGEND + suffix + " now"),
+        Query(f"{baseline}{sel}", WL_LEGEND + suffix + " baseline"),
     ), unit=unit, **kw)
 
 
 WORKLOAD_ROWS: tuple[Row, ...] = (
+    Row("Workload: now vs baseline (per pod)", (
+        _workload_now_vs_baseline(
+            "Launches per second per pod",
+            "The workload's demand now (mean over its settled pods: live for 10 minutes) and the baseline "
+            "every pod of the workload is judged against. The baseline is held while the workload is off "
+            "it, for up to 1h after its 30-minute window runs out of normal samples (docs/alerts.md).",
+            "namespace_workload:gpulens_launches_per_pod:rate5m",
+            "namespace_workload:gpulens_launches_per_pod:baseline_rate5m", "ops"),
+        _workload_now_vs_baseline(
+            "Back-pressure (workload)",
+            "Fraction of time a worker of the workload is blocked in synchronisation, now and baseline.",
+            "namespace_workload:gpulens_sync_wait_seconds:avg_rate5m",
+            "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m", "percentunit", min=0),
+        _workload_now_vs_baseline(
+            "Transfers per pod (workload)",
+            "Host-to-device and device-to-host bytes per second per pod, now and baseline.",
+            "namespace_workload_direction:gpulens_memcpy_bytes_per_pod:rate5m",
+            "namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m", "Bps",
+            selector='direction=~"h2d|d2h"', min=0),
+        PanelSpec("Pods: settled, and off the baseline",
+                  "Settled pods of the workload (live 10 minutes: judged and counted), and 1 while some "
+                  "settled pod is more than 20% off the baseline on some signal (the baseline then holds).",
+                  (Query(f"count by (namespace, gpulens_workload) (namespace_pod:gpulens_live:settled{{{WORKLOAD}}})",
+                         WL_LEGEND + " settled pods"),
+                   Query(f"namespace_workload:gpulens_off_baseline:group{{{WORKLOAD}}}", WL_LEGEND + " off baseline")),
+                  unit="short", min=0),
+        _workload_now_vs_baseline(
+            "Pods on the workload's GPUs",
+            "Mean over its settled pods of the pods sharing each one's busiest GPU, now and baseline.",
+            "namespace_workload:gpulens_gpu_pods:avg_max", "namespace_workload:gpulens_gpu_pods:baseline_avg_max",
+            "short", min=0, width=24, height=6),
+    )),
     Row("Demand", (
         _with_baseline("Launches per second (demand)",
-                       "Kernel and CUDA graph launches per second (eBPF entry probes on libcuda), and the "
-                       "baseline the alerts compare against: the pod's own average 10 to 40 minutes ago.",
-                       "namespace_pod:gpulens_launches:rate5m", "namespace_pod:gpulens_launches:baseline30m_rate5m",
+                       "Kernel and CUDA graph launches per second of each pod (eBPF entry probes on libcuda), "
+                       "and the baseline the alerts compare it against: its workload's per-pod level before "
+                       "any change.",
+                       "namespace_pod:gpulens_launches:rate5m", "namespace_workload:gpulens_launches_per_pod:baseline_rate5m",
                        "ops"),
         PanelSpec("Demand relative to baseline",
-                  "Current launches per second over the baseline. The diagnosed alerts fire below 0.6 "
-                  "(dashed line) for 5 minutes; empty while a pod has under 35 minutes of history or a "
-                  "baseline under 20 launches/s.",
+                  "Current launches per second of each pod over its workload's baseline. The diagnosed "
+                  "alerts fire below 0.6 (dashed line) for 5 minutes; empty while a pod is in its first "
+                  "10 minutes, its workload has under 35 minutes of history or a baseline under 20 launches/s.",
                   (Query(f"namespace_pod:gpulens_launches_per_baseline:ratio_rate5m{{{POD}}}", "{{namespace}}/{{pod}}"),),
                   unit="percentunit", min=0, threshold=0.6),
         PanelSpec("Launches per second by GPU and kind",
@@ -77,7 +124,7 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
                        "cuStreamSynchronize, cuEventSynchronize and synchronous device-to-host copies "
                        "(mean over the pod's GPUs), with its baseline.",
                        "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
-                       "namespace_pod:gpulens_sync_wait_seconds:baseline30m_avg_rate5m", "percentunit", min=0),
+                       "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m", "percentunit", min=0),
         PanelSpec("Blocking calls and mean wait",
                   "Blocking synchronisation calls per second, and the mean time one call blocks.",
                   (Query(f"namespace_pod:gpulens_sync_calls:rate5m{{{POD}}}", "{{pod}} calls/s"),
@@ -90,7 +137,7 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
                        "Distinct pods with a process on the busiest GPU this pod uses (NVML), and the "
                        "baseline. Rising above the baseline together with a demand drop is the "
                        "noisy_neighbor diagnosis.",
-                       "namespace_pod:gpulens_gpu_pods:max", "namespace_pod:gpulens_gpu_pods:baseline30m_max",
+                       "namespace_pod:gpulens_gpu_pods:max", "namespace_workload:gpulens_gpu_pods:baseline_avg_max",
                        "short", min=0),
         PanelSpec("Processes on these pods' GPUs",
                   "Processes per GPU (all pods) on the GPUs the selected pods use.",
@@ -101,14 +148,14 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
                   "cuMemcpyHtoD* bytes (sync and async), with the baseline. A collapse below half "
                   "the baseline with a demand drop is the input_starvation diagnosis.",
                   (Query(f'namespace_pod_direction:gpulens_memcpy_bytes:rate5m{{direction="h2d", {POD}}}', "{{pod}}"),
-                   Query(f'namespace_pod_direction:gpulens_memcpy_bytes:baseline30m_rate5m{{direction="h2d", {POD}}}',
-                         "{{pod}} baseline")), unit="Bps", min=0),
+                   Query(f'namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m{{direction="h2d", {WORKLOAD}}}',
+                         WL_LEGEND + " baseline per pod")), unit="Bps", min=0),
         PanelSpec("Device-to-host bytes per second",
                   "cuMemcpyDtoH* bytes (sync and async), with the baseline. A rise together with "
                   "back-pressure is the signature of host_sync.",
                   (Query(f'namespace_pod_direction:gpulens_memcpy_bytes:rate5m{{direction="d2h", {POD}}}', "{{pod}}"),
-                   Query(f'namespace_pod_direction:gpulens_memcpy_bytes:baseline30m_rate5m{{direction="d2h", {POD}}}',
-                         "{{pod}} baseline")), unit="Bps", min=0),
+                   Query(f'namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m{{direction="d2h", {WORKLOAD}}}',
+                         WL_LEGEND + " baseline per pod")), unit="Bps", min=0),
         PanelSpec("Copy calls per second",
                   "Host/device copy calls by direction.",
                   (Query(f"sum by (pod, direction) (rate(gpulens_memcpy_calls_total{{{POD}}}[$__rate_interval]))",
@@ -255,11 +302,14 @@ def _base(uid: str, title: str, description: str) -> db.Dashboard:
 
 def workload_dashboard() -> db.Dashboard:
     d = (_base("gpulens-workload", "gpulens / Workload",
-               "Per-pod GPU demand, back-pressure, contention, transfers, memory and device activity; "
-               "diagnosed alerts and capture annotations linking to their reports.")
+               "Per-workload baselines and per-pod GPU demand, back-pressure, contention, transfers, memory "
+               "and device activity; diagnosed alerts and capture annotations linking to their reports.")
          .with_variable(_datasource_var())
          .with_variable(_query_var("namespace", "label_values(gpulens_kernel_launches_total, namespace)", "Namespace"))
-         .with_variable(_query_var("pod", 'label_values(gpulens_kernel_launches_total{namespace=~"$namespace"}, pod)', "Pod"))
+         .with_variable(_query_var("workload", 'label_values(gpulens_kernel_launches_total{namespace=~"$namespace"}, gpulens_workload)',
+                                   "Workload"))
+         .with_variable(_query_var("pod", 'label_values(gpulens_kernel_launches_total{namespace=~"$namespace", '
+                                          'gpulens_workload=~"$workload"}, pod)', "Pod"))
          .annotation(_captures_annotation())
          .annotation(_alerts_annotation(POD))
          .link(db.DashboardLink("gpulens dashboards").type(dm.DashboardLinkType.DASHBOARDS).tags(["gpulens"])

@@ -4,6 +4,7 @@ guard is load-bearing: break it, and a named scenario fails."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,64 +80,128 @@ def test_non_events_expect_silence():
     names = {s.name for s in scenarios.NON_EVENTS}
     assert {"steady_job", "job_ends", "exporter_restart_counter_reset",
             "exporter_restart_between_scrapes", "tiny_traffic"} <= names
+    for scenario in scenarios.NON_EVENTS_WORKLOADS:
+        assert len(scenario.expect) >= 25 and all(not e.firing for e in scenario.expect), scenario.name
+    assert {s.name for s in scenarios.NON_EVENTS_WORKLOADS} == {
+        "rollout_without_change", "scale_in_4_to_2", "scale_out_2_to_4", "new_run_same_job_label",
+        "process_restart"}
+
+
+def test_workload_scenarios_state_when_the_alert_starts_and_stops():
+    """Issue 14: each lasting or replaced-pod incident fires one named alert for the new pod, from
+    a stated minute to a stated minute (silent the minute before and the minute after)."""
+    by_name = {s.name: s for s in scenarios.WORKLOADS}
+    assert set(by_name) == {"redeploy_host_sync", "resize_input_starvation", "noisy_neighbor_for_an_hour",
+                            "rollback_resolves", "host_sync_reverted_in_place", "host_sync_lasting"}
+    T = scenarios.T
+    for name, (alertname, start, stop) in {
+        "redeploy_host_sync": ("GPUWorkloadHostSync", T + 18, T + 95),
+        "resize_input_starvation": ("GPUWorkloadInputStarvation", T + 15, T + 95),
+        "noisy_neighbor_for_an_hour": ("GPUWorkloadNoisyNeighbor", T + 10, T + 60),
+        "host_sync_lasting": ("GPUWorkloadHostSync", T + 9, T + 96),
+    }.items():
+        expect = {e.minute: e.firing for e in by_name[name].expect}
+        assert expect[start - 1] == () and expect[stop] == (), name
+        assert [f[0] for f in expect[start]] == [alertname] and [f[0] for f in expect[stop - 1]] == [alertname]
+        assert stop - start >= 50, f"{name}: the alert must last while the regression does"
+    # the new pod is the one named, with its workload
+    labels = dict(by_name["redeploy_host_sync"].expect[-5].firing[0][1])
+    assert labels["pod"] == "llama-ft-worker-0-p9q4z" and labels["gpulens_workload"] == "job/llama-ft"
 
 
 RECORDING = "gpulens-recording.rules.yml"
 ALERTS = "gpulens-alerts.rules.yml"
+K = "namespace, pod, gpulens_job, gpulens_workload, node"
 
-# (id, rule file, text to replace, replacement, test file that must fail, scenario it names)
+# (id, rule file, text to replace (every occurrence), replacement, test file, scenario that must fail)
 MUTATIONS = [
     ("liveness-is-just-exported-counters", RECORDING,
      "          (\n"
-     "              group by (namespace, pod, gpulens_job, node) (gpulens_process_gpu_memory_bytes)\n"
+     f"              group by ({K}) (gpulens_process_gpu_memory_bytes)\n"
      "            or\n"
      "              (\n"
-     "                  group by (namespace, pod, gpulens_job, node) (gpulens_kernel_launches_total)\n"
+     f"                  group by ({K}) (gpulens_kernel_launches_total)\n"
      "                unless on (node)\n"
      "                  (max by (node) (gpulens_exporter_source_up{source=\"nvml\"}) > 0)\n"
      "              )\n"
      "          )",
-     "          group by (namespace, pod, gpulens_job, node) (gpulens_kernel_launches_total)",
+     f"          group by ({K}) (gpulens_kernel_launches_total)",
      "non_events.test.yml", "job_ends"),
     ("gate-without-nvml-fallback", RECORDING,
      "unless on (node)\n                  (max by (node) (gpulens_exporter_source_up{source=\"nvml\"}) > 0)",
      "and on (node)\n                  (max by (node) (gpulens_exporter_source_up{source=\"nvml\"}) > 0)",
      "incidents.test.yml", "unclassified_demand_drop_without_nvml"),
     ("stall-without-a-live-process", ALERTS,
-     "          and on (namespace, pod, gpulens_job, node)\n"
-     "          group by (namespace, pod, gpulens_job, node) (gpulens_process_gpu_memory_bytes)\n", "",
+     f"          and on ({K})\n"
+     f"          group by ({K}) (gpulens_process_gpu_memory_bytes)\n", "",
      "non_events.test.yml", "job_ends_without_nvml"),
     ("no-minimum-baseline", RECORDING, ">= 20)", ">= 0)", "non_events.test.yml", "tiny_traffic"),
     ("no-history-guard", RECORDING,
-     "          and on (namespace, pod, gpulens_job, node)\n"
-     "          (namespace_pod:gpulens_launches:rate5m offset 35m)\n", "",
+     "          and on (namespace, gpulens_workload)\n"
+     "          (namespace_workload:gpulens_launches_per_pod:rate5m offset 35m)\n", "",
      "non_events.test.yml", "young_job"),
     ("contention-need-not-appear", RECORDING,
-     "\n          and namespace_pod:gpulens_gpu_pods:max > namespace_pod:gpulens_gpu_pods:baseline30m_max", "",
-     "incidents.test.yml", "input_starvation_on_shared_gpu"),
+     "\n          and namespace_pod:gpulens_gpu_pods:max\n"
+     "            > on (namespace, gpulens_workload) group_left () namespace_workload:gpulens_gpu_pods:baseline_avg_max",
+     "", "incidents.test.yml", "input_starvation_on_shared_gpu"),
     ("counter-resets-not-handled", RECORDING,
      "(rate(gpulens_kernel_launches_total[5m]))", "(deriv(gpulens_kernel_launches_total[5m]))",
      "non_events.test.yml", 'expr: "count(namespace_pod:gpulens_launches:rate5m < 1500)"'),
-    ("baseline-includes-the-drop", RECORDING,
-     "avg_over_time(namespace_pod:gpulens_launches:rate5m[30m] offset 10m)",
-     "avg_over_time(namespace_pod:gpulens_launches:rate5m[30m])",
-     "incidents.test.yml", "noisy_neighbor"),
     ("no-for", ALERTS, "for: 5m", "for: 0s", "non_events.test.yml", "brief_dip"),
     ("wrong-diagnosis", ALERTS, "diagnosis: input_starvation", "diagnosis: noisy_neighbor",
      "incidents.test.yml", "input_starvation"),
     ("host-sync-ignores-contention", ALERTS,
-     "          unless on (namespace, pod, gpulens_job, node) namespace_pod:gpulens_gpu_pods:max_rising\n"
-     "          unless on (namespace, pod, gpulens_job, node) (\n",
-     "          unless on (namespace, pod, gpulens_job, node) (\n",
+     f"          unless on ({K}) namespace_pod:gpulens_gpu_pods:max_rising\n"
+     f"          unless on ({K}) (\n",
+     f"          unless on ({K}) (\n",
      "non_events.test.yml", "neighbour_without_slowdown"),
     ("job-label-dropped", RECORDING,
-     "expr: sum by (namespace, pod, gpulens_job, node) (rate(gpulens_kernel_launches_total[5m]))",
-     "expr: sum by (namespace, pod, node) (rate(gpulens_kernel_launches_total[5m]))",
+     f"expr: sum by ({K}) (rate(gpulens_kernel_launches_total[5m]))",
+     "expr: sum by (namespace, pod, gpulens_workload, node) (rate(gpulens_kernel_launches_total[5m]))",
      "incidents.test.yml", "host_sync"),
     ("graph-launches-not-counted", RECORDING,
      "(namespace_pod:gpulens_kernel_launches:rate5m + namespace_pod:gpulens_graph_launches:rate5m)\n"
      "          or ", "", "recording.test.yml", 'expr: "namespace_pod:gpulens_launches:rate5m"'),
+    # --- the workload baselines (issue 14) ---
+    ("baseline-keyed-on-the-pod", RECORDING, "gpulens_workload)", "gpulens_workload, pod)",
+     "workloads.test.yml", "redeploy_host_sync"),
+    ("workload-summed-not-per-pod", RECORDING,
+     "avg by (namespace, gpulens_workload) (\n              namespace_pod:gpulens_launches:rate5m",
+     "sum by (namespace, gpulens_workload) (\n              namespace_pod:gpulens_launches:rate5m",
+     "workloads.test.yml", "scale_in_4_to_2"),
+    ("new-pods-judged-during-warm-up", RECORDING,
+     "(namespace_pod:gpulens_live:since_timestamp offset 10m)", "(namespace_pod:gpulens_live:since_timestamp)",
+     "workloads.test.yml", "rollout_without_change"),
+    ("process-restart-not-a-new-warm-up", RECORDING,
+     "          (\n"
+     "              namespace_pod:gpulens_live:since_timestamp\n"
+     f"            and on ({K})\n"
+     "              namespace_pod:gpulens_live:group\n"
+     "          )\n"
+     "          or (namespace_pod:gpulens_live:group * 0 + time())",
+     "          namespace_pod:gpulens_live:group * 0",
+     "workloads.test.yml", "process_restart"),
+    ("baseline-absorbs-the-regression", RECORDING,
+     "\n          unless on (namespace, gpulens_workload)\n"
+     "          max_over_time(namespace_workload:gpulens_off_baseline:group[5m])", "",
+     "workloads.test.yml", "host_sync_lasting"),
+    ("baseline-not-held", RECORDING, "[1h])", "[1m])", "workloads.test.yml", "host_sync_lasting"),
 ]
+
+
+def _only_the_scenario(test_file: Path, scenario: str) -> None:
+    """Keep only the test case the mutation names (or, for an expr, the cases that check it): the
+    rest of the file passes or fails on its own, and promtool is slow on the whole file."""
+    import yaml
+    doc = yaml.safe_load(test_file.read_text())
+    if scenario.startswith("expr:"):
+        expr = scenario.split('"')[1]
+        keep = [c for c in doc["tests"] if any(e["expr"] == expr for e in c.get("promql_expr_test", []))]
+    else:
+        keep = [c for c in doc["tests"] if c["name"].split(":")[0] == scenario]
+    assert keep, f"no test case {scenario!r} in {test_file.name}"
+    doc["tests"] = keep
+    test_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m[0] for m in MUTATIONS])
@@ -147,8 +212,9 @@ def test_breaking_a_guard_fails_a_named_scenario(promtool, rules_copy: Path, mut
     assert old in text, "mutation no longer applies: update it with the rules"
     path.write_text(text.replace(old, new))
     assert run(promtool, "check", "rules", str(path)).returncode == 0, "mutant must still be valid"
+    _only_the_scenario(rules_copy / "tests" / test_file, scenario)
     result = run(promtool, "test", "rules", test_file, cwd=rules_copy / "tests")
-    assert result.returncode != 0, f"{test_file} passed against the mutant"
+    assert result.returncode != 0, f"{scenario} in {test_file} passed against the mutant"
     output = result.stdout + result.stderr
     if scenario.startswith("expr:"):  # promtool names no test case for a promql_expr_test failure
         assert scenario in output, output[:2000]
@@ -156,3 +222,12 @@ def test_breaking_a_guard_fails_a_named_scenario(promtool, rules_copy: Path, mut
     failed = sorted({line.strip().split(":")[1].strip() for line in output.splitlines()
                      if line.strip().startswith("name:")})
     assert scenario in failed, f"expected {scenario!r} to fail, failed: {failed}"
+
+
+def test_the_unmutated_scenarios_pass_one_by_one(promtool, rules_copy: Path):
+    """The mutation tests run one scenario at a time: the same extraction passes on the real rules."""
+    for _, _, _, _, test_file, scenario in MUTATIONS[-6:]:
+        _only_the_scenario(rules_copy / "tests" / test_file, scenario)
+        result = run(promtool, "test", "rules", test_file, cwd=rules_copy / "tests")
+        assert result.returncode == 0, result.stdout + result.stderr
+        shutil.copy(ALERTRULES / "tests" / test_file, rules_copy / "tests" / test_file)

@@ -39,6 +39,7 @@ def test_workload_alerts_cover_the_diagnoses_and_name_the_pod():
     assert {a["labels"]["diagnosis"] for a in workload} == WORKLOAD_DIAGNOSES
     for alert in workload:
         assert "{{ $labels.namespace }}/{{ $labels.pod }}" in alert["annotations"]["summary"]
+        assert "{{ $labels.gpulens_workload }}" in alert["annotations"]["summary"], "names the workload too"
         assert "var-namespace={{ $labels.namespace }}&var-pod={{ $labels.pod }}" in alert["annotations"]["dashboard_url"]
         # the gate that carries the minimum baseline, history and liveness guards
         assert alert["expr"].lstrip().startswith("namespace_pod:gpulens_launches_per_baseline:ratio_rate5m")

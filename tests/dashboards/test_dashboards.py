@@ -17,7 +17,7 @@ from dashboards import build
 
 PROMTOOL = "/usr/bin/promtool"
 PROMETHEUS_OWN = {"ALERTS"}  # written by Prometheus itself for every alerting rule
-VARIABLES = {"$__rate_interval": "5m", "$namespace": ".*", "$pod": ".*", "$node": ".*", "$gpu": ".*"}
+VARIABLES = {"$__rate_interval": "5m", "$namespace": ".*", "$workload": ".*", "$pod": ".*", "$node": ".*", "$gpu": ".*"}
 LABEL_VALUES = re.compile(r"^label_values\((.+),\s*[a-zA-Z_][a-zA-Z0-9_]*\)$")
 
 DASHBOARDS = {name: json.loads((build.JSON_DIR / name).read_text()) for name in build.DASHBOARDS}
@@ -155,10 +155,12 @@ def test_capture_annotations_come_from_the_grafana_tag_query(name):
 def test_workload_dashboard_shows_every_signal():
     d = DASHBOARDS["gpulens-workload.json"]
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    assert {"datasource", "namespace", "pod"} <= set(variables)
-    assert "$namespace" in variables["pod"]["query"], "pod is chained to namespace"
+    assert {"datasource", "namespace", "workload", "pod"} <= set(variables)
+    assert "$namespace" in variables["workload"]["query"], "workload is chained to namespace"
+    assert "$namespace" in variables["pod"]["query"] and "$workload" in variables["pod"]["query"], \
+        "pod is chained to namespace and workload"
     rows = {p["title"] for p in d["panels"] if p["type"] == "row"}
-    for word in ("Demand", "Back-pressure", "Contention", "Transfers", "Memory", "DCGM", "captures"):
+    for word in ("Workload", "Demand", "Back-pressure", "Contention", "Transfers", "Memory", "DCGM", "captures"):
         assert any(word in r for r in rows), word
     exprs = " ".join(t["expr"] for p in d["panels"] for t in p.get("targets", []))
     for needle in ("gpulens_launches", "gpulens_sync_wait_seconds", "gpulens_gpu_pods",
@@ -168,10 +170,29 @@ def test_workload_dashboard_shows_every_signal():
     for p in d["panels"]:
         for t in p.get("targets", []):
             if p["type"] == "timeseries":
-                assert '$namespace' in t["expr"] and '$pod' in t["expr"], p["title"]
+                # per pod, or per workload (baselines belong to the workload)
+                assert '$namespace' in t["expr"] and ('$pod' in t["expr"] or
+                                                      (t["expr"].removeprefix("count by (namespace, gpulens_workload) (")
+                                                       .startswith(("namespace_workload", "namespace_pod:gpulens_live"))
+                                                       and '$workload' in t["expr"])), p["title"]
     reports = [p for p in d["panels"] if p["type"] == "annolist"]
     assert reports and reports[0]["options"]["tags"] == ["gpulens"]
     assert reports[0]["options"]["onlyFromThisDashboard"] is False
+
+
+def test_workload_panels_show_now_against_baseline():
+    """The workload row puts each signal of the workload next to the baseline its pods are judged by."""
+    d = DASHBOARDS["gpulens-workload.json"]
+    rows = [p for p in d["panels"] if p["type"] == "row"]
+    first = rows[0]
+    assert first["title"].startswith("Workload")
+    following = [p for p in d["panels"] if p["type"] != "row" and first["gridPos"]["y"] < p["gridPos"]["y"] < rows[1]["gridPos"]["y"]]
+    exprs = [t["expr"] for p in following for t in p.get("targets", [])]
+    for signal in ("gpulens_launches_per_pod", "gpulens_sync_wait_seconds", "gpulens_memcpy_bytes_per_pod", "gpulens_gpu_pods"):
+        now = [e for e in exprs if signal in e and ":baseline" not in e]
+        baseline = [e for e in exprs if signal in e and ":baseline" in e]
+        assert now and baseline, signal
+    assert all("$workload" in e and "$pod" not in e for e in exprs), exprs
 
 
 def test_node_dashboard_is_per_node_and_gpu():
