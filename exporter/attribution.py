@@ -3,7 +3,8 @@
 Order: the cgroup names a pod UID that this node's pod index knows -> that pod (and the container
 whose ID the cgroup names, and the job the pod's labels name); else a registration record written
 by the process (embedded mode, no Kubernetes) -> its namespace/pod/container and job_id; else
-namespace "local", the process name as pod and no job.
+namespace "local", the process name as pod and no job. The workload (label gpulens_workload) is
+the pod's owning workload in Kubernetes, else job/<job_id>, else the pod itself (workload_id).
 While a cgroup names a pod the index has not seen yet (watch lag), the answer is "not yet"
 (None) so that labels are not pinned to a fallback that is about to change.
 """
@@ -17,7 +18,7 @@ from .kube import PodIndex
 from .procfs import ProcFS
 from .registrations import RegistrationIndex
 
-__all__ = ["Workload", "Attributor", "local_workload"]
+__all__ = ["Workload", "Attributor", "local_workload", "workload_id"]
 
 
 @dataclass(frozen=True, order=True)
@@ -27,6 +28,15 @@ class Workload:
     container: str
     source: str = "local"      # kubernetes | registration | local
     job: str = ""              # job id (label gpulens_job); "" when neither the pod nor a record names one
+    workload: str = ""         # label gpulens_workload; "" = the pod itself (see workload_id)
+
+
+def workload_id(w: Workload) -> str:
+    """The gpulens_workload label: the pod's workload (kube.workload_of_pod), job/<job id> for a
+    registration record that names a job, else Pod/<pod> (an unowned pod is its own workload)."""
+    if w.workload:
+        return w.workload
+    return f"job/{w.job}" if w.job else f"Pod/{w.pod}"
 
 
 def local_workload(process_name: str | None) -> Workload:
@@ -60,7 +70,7 @@ class Attributor:
             info = self.pods.get(ident.pod_uid)
             if info is not None:
                 container = info.containers.get(ident.container_id or "", "")
-                workload = Workload(info.namespace, info.name, container, "kubernetes", info.job)
+                workload = Workload(info.namespace, info.name, container, "kubernetes", info.job, info.workload)
             else:
                 pending = True
         if workload is None and self.registrations is not None:

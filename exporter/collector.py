@@ -38,7 +38,7 @@ class ScrapeData:
     gpu_processes: dict[str, int] = field(default_factory=dict)  # gpu -> processes
     gpu_memory: dict[SeriesKey, float] = field(default_factory=dict)
     gpu_util: dict[SeriesKey, float] = field(default_factory=dict)
-    gpu_owner: dict[str, tuple[str, str, str]] = field(default_factory=dict)   # gpu -> (namespace, pod, job) if one pod
+    gpu_owner: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)   # gpu -> (namespace, pod, job, workload) if one pod
     dcgm_gauges: dict[tuple[str, str], float] = field(default_factory=dict)
     dcgm_pcie: dict[tuple[str, str], float] = field(default_factory=dict)
     probes_attached: int = 0
@@ -73,10 +73,10 @@ def build_families(d: ScrapeData, cat: Catalogue, previous_duration: float | Non
         for name, attr in _COUNTERS + (_BACK_PRESSURE if d.back_pressure else []):
             f = fam(name)
             for k, t in series:
-                f.add([node, k.gpu, k.namespace, k.pod, k.container, k.job], getattr(t, attr))
+                f.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload], getattr(t, attr))
         nbytes, calls = fam("gpulens_memcpy_bytes_total"), fam("gpulens_memcpy_calls_total")
         for k, t in series:
-            base = [node, k.gpu, k.namespace, k.pod, k.container, k.job]
+            base = [node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload]
             nbytes.add(base + ["h2d"], t.h2d_bytes)
             nbytes.add(base + ["d2h"], t.d2h_bytes)
             calls.add(base + ["h2d"], t.h2d_calls)
@@ -89,9 +89,9 @@ def build_families(d: ScrapeData, cat: Catalogue, previous_duration: float | Non
             procs.add([node, gpu], d.gpu_processes[gpu])
         mem, util = fam("gpulens_process_gpu_memory_bytes"), fam("gpulens_process_gpu_utilization_ratio")
         for k, v in sorted(d.gpu_memory.items()):
-            mem.add([node, k.gpu, k.namespace, k.pod, k.container, k.job], v)
+            mem.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload], v)
         for k, v in sorted(d.gpu_util.items()):
-            util.add([node, k.gpu, k.namespace, k.pod, k.container, k.job], v)
+            util.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload], v)
 
     if d.dcgm_gauges or d.dcgm_pcie:
         by_metric: dict[str, list[tuple[str, float]]] = {}
@@ -100,13 +100,13 @@ def build_families(d: ScrapeData, cat: Catalogue, previous_duration: float | Non
         for metric, values in by_metric.items():
             f = fam(metric)
             for gpu, v in values:
-                ns, pod, job = d.gpu_owner.get(gpu, ("", "", ""))
-                f.add([node, gpu, ns, pod, job], v)
+                ns, pod, job, workload = d.gpu_owner.get(gpu, ("", "", "", ""))
+                f.add([node, gpu, ns, pod, job, workload], v)
         if d.dcgm_pcie:
             f = fam("gpulens_dcgm_pcie_bytes_total")
             for (gpu, direction), v in sorted(d.dcgm_pcie.items()):
-                ns, pod, job = d.gpu_owner.get(gpu, ("", "", ""))
-                f.add([node, gpu, ns, pod, job, direction], v)
+                ns, pod, job, workload = d.gpu_owner.get(gpu, ("", "", "", ""))
+                f.add([node, gpu, ns, pod, job, workload, direction], v)
 
     up, info, errors = fam("gpulens_exporter_source_up"), fam("gpulens_exporter_source_info"), \
         fam("gpulens_exporter_source_errors_total")

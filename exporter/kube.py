@@ -7,7 +7,8 @@ loop runs in one thread and publishes an immutable dict, so readers never lock. 
 (API down, 410 Gone, a broken stream) is recorded and followed by a relist after a backoff.
 
 Each pod also yields its job id (label `gpulens_job`), by the operator's own rule, so that alerts
-name the job whose coordinator the gateway must call.
+name the job whose coordinator the gateway must call, and its workload (label `gpulens_workload`),
+which the alert rules keep baselines for.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from gpulens.logs import get_logger
 
-__all__ = ["PodInfo", "PodIndex", "make_api_client", "pod_info", "job_of_pod"]
+__all__ = ["PodInfo", "PodIndex", "make_api_client", "pod_info", "job_of_pod", "workload_of_pod"]
 
 log = get_logger("exporter")
 
@@ -34,6 +35,10 @@ PYTORCHJOB_NAME = "training.kubeflow.org/job-name"
 _PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 _BATCH_JOB = ("batch/v1", "Job")
 _LABEL_VALUE = re.compile(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+# A Deployment's ReplicaSet is named <deployment>-<pod-template-hash>; the pods carry the hash.
+POD_TEMPLATE_HASH = "pod-template-hash"
+# The CronJob controller names each run's Job <cronjob>-<scheduled time in minutes since the epoch>.
+_CRONJOB_RUN = re.compile(r"\A(?P<cronjob>.+)-\d{8,10}\Z")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class PodInfo:
     node: str
     containers: Mapping[str, str] = field(default_factory=dict)   # container id (hex) -> name
     job: str = ""                                                  # job id, "" when the pod names none
+    workload: str = ""                                             # label gpulens_workload (workload_of_pod)
 
 
 def make_api_client(kubeconfig: str | None = None):
@@ -104,6 +110,46 @@ def job_of_pod(meta: Any) -> str:
     return fallback if _is_label_value(fallback) else ""
 
 
+def _controller(meta: Any) -> tuple[str, str] | None:
+    """(kind, name) of the pod's controlling owner (the reference with controller: true, else the first)."""
+    refs = [r for r in (_get(meta, "owner_references", "ownerReferences") or [])
+            if _get(r, "kind", "kind") and _get(r, "name", "name")]
+    if not refs:
+        return None
+    ref = next((r for r in refs if _get(r, "controller", "controller")), refs[0])
+    return str(_get(ref, "kind", "kind")), str(_get(ref, "name", "name"))
+
+
+def workload_of_pod(meta: Any, job: str | None = None) -> str:
+    """The workload a pod belongs to, which the alert baselines are kept for, so that a new pod of
+    the same workload inherits its baseline: `job/<job id>` when the pod names a job (job_of_pod),
+    except a CronJob's run, whose Job name changes every run (`CronJob/<name>`); else its
+    controlling owner: `Deployment/<name>` for a ReplicaSet named `<deployment>-<pod-template-hash>`,
+    else `<Kind>/<name>` (StatefulSet, DaemonSet, ReplicaSet, any custom resource); else
+    `Pod/<pod name>` for an unowned pod.
+    """
+    labels = _get(meta, "labels", "labels") or {}
+    if not isinstance(labels, Mapping):
+        labels = {}
+    job = job_of_pod(meta) if job is None else job
+    if job:
+        batch = labels.get(BATCH_JOB_NAME) or labels.get(LEGACY_JOB_NAME) or _owner_name(meta, _BATCH_JOB)
+        explicit = _is_label_value(labels.get(JOB_LABEL)) or _owner_name(meta, _PYTORCHJOB) or labels.get(JOBSET_NAME)
+        run = _CRONJOB_RUN.fullmatch(job)
+        if job == batch and not explicit and run:
+            return f"CronJob/{run.group('cronjob')}"
+        return f"job/{job}"
+    owner = _controller(meta)
+    if owner is not None:
+        kind, name = owner
+        template_hash = labels.get(POD_TEMPLATE_HASH)
+        if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}") \
+                and len(name) > len(template_hash) + 1:
+            return f"Deployment/{name[:-len(template_hash) - 1]}"
+        return f"{kind}/{name}"
+    return f"Pod/{_get(meta, 'name', 'name') or ''}"
+
+
 def pod_info(pod: Any) -> PodInfo | None:
     """PodInfo from a V1Pod or a raw dict; None if it lacks a uid."""
     meta, spec, status = _get(pod, "metadata", "metadata"), _get(pod, "spec", "spec"), _get(pod, "status", "status")
@@ -118,9 +164,10 @@ def pod_info(pod: Any) -> PodInfo | None:
             cid, name = _get(cs, "container_id", "containerID"), _get(cs, "name", "name")
             if cid and name:
                 containers[str(cid).split("://", 1)[-1]] = str(name)
+    job = job_of_pod(meta)
     return PodInfo(uid=str(uid), namespace=str(_get(meta, "namespace", "namespace") or ""),
                    name=str(_get(meta, "name", "name") or ""), node=str(_get(spec, "node_name", "nodeName") or ""),
-                   containers=containers, job=job_of_pod(meta))
+                   containers=containers, job=job, workload=workload_of_pod(meta, job))
 
 
 class PodIndex:

@@ -1,6 +1,6 @@
 """Per-process BPF counters -> monotonic per-workload counter series.
 
-Prometheus series are per (gpu, namespace, pod, container, job); the BPF map is per process. Two rules
+Prometheus series are per (gpu, namespace, pod, container, job, workload); the BPF map is per process. Two rules
 keep the series monotonic, which `rate()` depends on:
 
 - a process's labels are pinned once, when it is settled (its workload known and, with NVML, its
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable
 
-from .attribution import Workload, local_workload
+from .attribution import Workload, local_workload, workload_id
 from .probes import ProcessCounters, ProcessKey
 
 __all__ = ["SeriesKey", "Totals", "ProcessLedger"]
@@ -32,6 +32,8 @@ class SeriesKey:
     pod: str
     container: str
     job: str = ""              # label gpulens_job
+    # label gpulens_workload (attribution.workload_id): a function of the pod, so not part of the identity
+    workload: str = field(default="", compare=False)
 
 
 @dataclass
@@ -136,7 +138,8 @@ class ProcessLedger:
         if workload is None:   # exited before we could look, or never resolvable: best effort
             workload = self._by_cgroup.get(c.cgroup_id) if c.cgroup_id > 1 else None
             workload = workload or local_workload(c.comm)
-        return SeriesKey(gpu or "unknown", workload.namespace, workload.pod, workload.container, workload.job)
+        return SeriesKey(gpu or "unknown", workload.namespace, workload.pod, workload.container, workload.job,
+                         workload_id(workload))
 
     def _retire(self, proc: _Proc, now: float) -> None:
         if proc.series is None or proc.last is None:

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gpulens.logs import get_logger
 
-from .attribution import Attributor, local_workload
+from .attribution import Attributor, local_workload, workload_id
 from .catalogue import load_catalogue
 from .collector import GpulensCollector, ScrapeData, SourceView
 from .config import ExporterConfig
@@ -238,11 +238,11 @@ class Exporter:
         for dev in nv.devices:
             gpu = str(dev.index)
             procs = nv.processes.get(dev.index, ())
-            pods: dict[tuple[str, str] | tuple[str, int], str] = {}     # pod -> its job
+            pods: dict[tuple[str, str] | tuple[str, int], tuple[str, str]] = {}   # pod -> (job, workload)
             for p in procs:
                 w = self.attributor.attribute(p.pid) or local_workload(self.proc.comm(p.pid))
-                pods[(w.namespace, w.pod) if w.pod != "unknown" else ("?", p.pid)] = w.job
-                key = SeriesKey(gpu, w.namespace, w.pod, w.container, w.job)
+                pods[(w.namespace, w.pod) if w.pod != "unknown" else ("?", p.pid)] = (w.job, workload_id(w))
+                key = SeriesKey(gpu, w.namespace, w.pod, w.container, w.job, workload_id(w))
                 if p.used_memory_bytes is not None:
                     data.gpu_memory[key] = data.gpu_memory.get(key, 0.0) + p.used_memory_bytes
                 u = nv.util.get((dev.index, p.pid))
@@ -251,9 +251,9 @@ class Exporter:
             data.gpu_processes[gpu] = len(procs)
             data.gpu_pods[gpu] = len(pods)
             if len(pods) == 1:
-                only, job = next(iter(pods.items()))
+                only, (job, workload) = next(iter(pods.items()))
                 if only[0] != "?":
-                    data.gpu_owner[gpu] = (str(only[0]), str(only[1]), job)
+                    data.gpu_owner[gpu] = (str(only[0]), str(only[1]), job, workload)
 
     @staticmethod
     def _view(h: SourceHealth) -> SourceView:

@@ -15,7 +15,7 @@ from exporter.probes import MapUsage
 
 
 def full_data() -> ScrapeData:
-    k = SeriesKey("0", "ns", "pod", "c", "job")
+    k = SeriesKey("0", "ns", "pod", "c", "job", "job/job")
     return ScrapeData(
         node="n1",
         sources=[SourceView("ebpf", True, "ok", "probing 1 driver library", 0),
@@ -23,7 +23,7 @@ def full_data() -> ScrapeData:
         workload_totals={k: Totals(launches=5, graph_launches=1, sync_calls=2, sync_seconds=0.5, h2d_bytes=10,
                                    d2h_bytes=20, h2d_calls=1, d2h_calls=2)},
         gpu_pods={"0": 1}, gpu_processes={"0": 1}, gpu_memory={k: 1e9}, gpu_util={k: 0.5},
-        gpu_owner={"0": ("ns", "pod", "job")},
+        gpu_owner={"0": ("ns", "pod", "job", "job/job")},
         dcgm_gauges={(m, "0"): 1.0 for m in ("gpulens_dcgm_gpu_utilization_ratio", "gpulens_dcgm_sm_active_ratio",
                                              "gpulens_dcgm_memory_used_bytes", "gpulens_dcgm_power_watts",
                                              "gpulens_dcgm_temperature_celsius")},

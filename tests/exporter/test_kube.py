@@ -73,7 +73,7 @@ async def test_lists_only_this_nodes_pods_with_a_field_selector(kmock, index):
     index.start()
     await eventually(index.synced.is_set)
     assert index.get(uid_here) == PodInfo(uid=uid_here, namespace="team-a", name="trainer-0", node=NODE,
-                                          containers={CID: "trainer"})
+                                          containers={CID: "trainer"}, workload="Pod/trainer-0")
     assert index.get(uid_there) is None
     pod_requests = [r for r in kmock["get"] if "/pods" in str(r.url)]
     assert pod_requests
@@ -97,6 +97,8 @@ async def test_pods_job_id_comes_from_its_labels_through_list_and_watch(kmock, i
     await eventually(index.synced.is_set)
     assert {u: index.get(u).job for u in (labelled, jobset, batch, plain)} == \
         {labelled: "llama-ft", jobset: "pretrain", batch: "nightly", plain: ""}
+    assert {u: index.get(u).workload for u in (labelled, jobset, batch, plain)} == \
+        {labelled: "job/llama-ft", jobset: "job/pretrain", batch: "job/nightly", plain: "Pod/plain"}
     # a pod that arrives through the watch, owned by a PyTorchJob
     late = str(uuid.uuid4())
     base = str(kmock.url).rstrip("/")
@@ -134,6 +136,58 @@ def test_job_id_is_the_one_the_operator_gives_the_coordinator(labels, owners):
     expected = _operator_job_id(p)
     assert pod_info(p).job == (expected or "")
     assert job_of_pod(client.ApiClient().deserialize(_Resp(p), "V1Pod").metadata) == (expected or "")
+
+
+_RS = {"apiVersion": "apps/v1", "kind": "ReplicaSet"}
+
+
+@pytest.mark.parametrize("name,labels,owners,workload", [
+    # a job known by any of the operator's rules: the job is the workload
+    ("w-0", {"gpulens.dev/job": "llama-ft", "pod-template-hash": "abc12"}, [{**_RS, "name": "x-abc12"}], "job/llama-ft"),
+    ("w-0", {"training.kubeflow.org/job-name": "bert"},
+     [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert"}], "job/bert"),
+    ("w-0", {"jobset.sigs.k8s.io/jobset-name": "pretrain", "job-name": "pretrain-workers-0"}, [], "job/pretrain"),
+    ("w-0", {"job-name": "train-v2"}, [{"apiVersion": "batch/v1", "kind": "Job", "name": "train-v2"}], "job/train-v2"),
+    # a CronJob's run: its Job name changes every run, the CronJob does not
+    ("n-1", {"batch.kubernetes.io/job-name": "nightly-29412345"},
+     [{"apiVersion": "batch/v1", "kind": "Job", "name": "nightly-29412345"}], "CronJob/nightly"),
+    ("n-1", {"gpulens.dev/job": "nightly-29412345", "job-name": "nightly-29412345"}, [], "job/nightly-29412345"),
+    # a Deployment: each rollout has a new ReplicaSet <deployment>-<pod-template-hash>
+    ("web-6d5f8c7b9-x2lqm", {"pod-template-hash": "6d5f8c7b9"}, [{**_RS, "name": "web-6d5f8c7b9"}], "Deployment/web"),
+    ("web-7c9d6b5f4-k8mzt", {"pod-template-hash": "7c9d6b5f4"}, [{**_RS, "name": "web-7c9d6b5f4"}], "Deployment/web"),
+    ("rs-1", {}, [{**_RS, "name": "bare-rs"}], "ReplicaSet/bare-rs"),
+    ("rs-1", {"pod-template-hash": "zzz"}, [{**_RS, "name": "other-name"}], "ReplicaSet/other-name"),
+    ("db-0", {}, [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"}], "StatefulSet/db"),
+    ("agent-x", {}, [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent"}], "DaemonSet/agent"),
+    ("head-0", {}, [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "r1"}], "RayCluster/r1"),
+    # unowned: the pod is its own workload
+    ("lonely", {"app": "x"}, [], "Pod/lonely"),
+])
+def test_workload_of_a_pod_survives_its_replacement(name, labels, owners, workload):
+    from exporter.kube import pod_info, workload_of_pod
+    p = pod(name, "u-1", NODE, labels=labels, owners=owners)
+    assert pod_info(p).workload == workload
+    assert workload_of_pod(client.ApiClient().deserialize(_Resp(p), "V1Pod").metadata) == workload
+
+
+def test_workload_prefers_the_controlling_owner_and_ignores_broken_references():
+    from exporter.kube import workload_of_pod
+    meta = {"name": "p", "ownerReferences": [{"kind": "ConfigMap", "name": "cm"},
+                                             {"kind": "StatefulSet", "name": "db", "controller": True}]}
+    assert workload_of_pod(meta) == "StatefulSet/db"
+    assert workload_of_pod({"name": "p", "ownerReferences": [{"kind": "StatefulSet"}, {"name": "x"}]}) == "Pod/p"
+    assert workload_of_pod({"name": "p", "labels": "not-a-map", "ownerReferences": None}) == "Pod/p"
+    # a ReplicaSet name that is only the hash is not a Deployment's
+    assert workload_of_pod({"name": "p", "labels": {"pod-template-hash": "h"},
+                            "ownerReferences": [{"kind": "ReplicaSet", "name": "-h"}]}) == "ReplicaSet/-h"
+
+
+def test_workload_label_of_registrations_and_local_processes():
+    from exporter.attribution import local_workload, workload_id
+    assert workload_id(Workload("ml", "trainer-7", "c", "registration", "llama-ft")) == "job/llama-ft"
+    assert workload_id(Workload("ml", "trainer-7", "c", "registration", "")) == "Pod/trainer-7"
+    assert workload_id(local_workload("python3")) == "Pod/python3"
+    assert workload_id(Workload("ml", "web-1", "c", "kubernetes", "", "Deployment/web")) == "Deployment/web"
 
 
 class _Resp:
@@ -259,7 +313,8 @@ async def test_attributor_uses_cgroup_and_pod_index(kmock, index, kube_cgroup):
         assert attributor.attribute(proc.pid) is None          # pod named by the cgroup, index not synced yet
         index.start()
         await eventually(index.synced.is_set)
-        assert attributor.attribute(proc.pid) == Workload("ml", "trainer-7", "pytorch", "kubernetes", "llama-ft")
+        assert attributor.attribute(proc.pid) == Workload("ml", "trainer-7", "pytorch", "kubernetes", "llama-ft",
+                                                          "job/llama-ft")
         # without Kubernetes the same process falls back to its name
         assert Attributor(ProcFS()).attribute(proc.pid) == Workload("local", "sleep", "", "local")
     finally:
@@ -293,7 +348,7 @@ async def test_exporter_labels_workload_with_its_kubernetes_pod(kmock, index, ku
         await proc.stdout.readline()          # the report: loop done
         s = await asyncio.to_thread(scrape, exp)
         assert value(s, "gpulens_kernel_launches_total", namespace="ml", pod="trainer-0", container="pytorch",
-                     node=NODE, gpulens_job="llama-ft") == 100
+                     node=NODE, gpulens_job="llama-ft", gpulens_workload="job/llama-ft") == 100
         assert value(s, "gpulens_exporter_source_info", source="attribution", state="ok") == 1
     finally:
         proc.kill()

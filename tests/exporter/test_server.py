@@ -120,9 +120,9 @@ def test_cli_end_to_end_with_probes(run_exporter, port, stub, libcuda, workloads
     fams = wait_for(counted, timeout=30, what="launches counted (next discovery tick)")
     (launches,) = fams["gpulens_kernel_launches"].samples
     assert launches.value == rep["launches"] == 3000
-    # no pod and no registration record: no job either (gpulens_job="", never a guess)
+    # no pod and no registration record: no job either (gpulens_job="", never a guess); the process is its own workload
     assert launches.labels == {"node": "n-e2e", "gpu": "unknown", "namespace": "local", "pod": "cuda-workload",
-                               "container": "", "gpulens_job": ""}
+                               "container": "", "gpulens_job": "", "gpulens_workload": "Pod/cuda-workload"}
     assert fams["gpulens_exporter_scrape_duration_seconds"].samples[0].value > 0
     w.finish()
     p.send_signal(signal.SIGINT)
