@@ -27,7 +27,7 @@ from .fetching import Fetched, fetch_artifacts
 from .manifest_reading import ManifestInput, read_manifest
 from .rank_selection import RankPlan, plan_ranks
 from .running import FAILED, AnalysisResult, run_analyses
-from .summary import build_summary, summary_json
+from .summary import Evidence, build_summary, summary_json
 from .trace_inspection import DEFAULT_MAX_TRACE_BYTES, InspectJob, Inspected, inspect_trace
 
 __all__ = ["AnalyzeOptions", "AnalysisRun", "analyze_manifest", "SUMMARY_KEY", "REPORT_KEY"]
@@ -78,10 +78,11 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
             log.warning("rank.excluded", rank=e.rank, target_id=e.target_id, reason=e.reason, detail=e.detail)
         for e in plan.with_status("missing"):
             log.warning("rank.missing", rank=e.rank, target_id=e.target_id, reason=e.reason)
-        contents, results = None, []
+        contents, results, evidence = None, [], None
         if plan.analysed:
-            plan, contents, results = _analyse(plan, str(Path(work) / "hta"), options.jobs, analyses, log)
-        summary = build_summary(source, plan, contents, results, hta_version(), summary_uri, report_uri)
+            plan, contents, results, evidence = _analyse(plan, str(Path(work) / "hta"), options.jobs, analyses, log)
+        summary = build_summary(source, plan, contents, results, hta_version(), summary_uri, report_uri,
+                                evidence=evidence)
 
     from .report_html import render_report
     _write(source, options, REPORT_KEY, render_report(summary).encode(), "text/html; charset=utf-8")
@@ -98,15 +99,29 @@ def _analyse(plan: RankPlan, trace_dir: str, jobs: int, analyses: list[Analysis]
         loaded = load_trace(plan.analysed, trace_dir, jobs, log)
         plan = plan.excluding(loaded.failed, Exclusion.HTA_PARSE_FAILED)
         if loaded.trace is None:
-            return plan, None, []
+            return plan, None, [], None
         contents = describe(loaded.trace)
     except Exception as exc:  # noqa: BLE001 - HTA raises bare builtins; the report must still say why
         error = f"loading the traces into HTA failed: {type(exc).__name__}: {exc}"[:500]
         log.error("traces.load_failed", error=error)
-        return plan, None, [AnalysisResult(a.name, a.title, FAILED, error) for a in analyses]
+        return plan, None, [AnalysisResult(a.name, a.title, FAILED, error) for a in analyses], None
     log.info("traces.described", kind=contents.kind, ranks=len(contents.ranks), gpu_ranks=len(contents.gpu_ranks),
              comm_ranks=len(contents.comm_ranks), profiler_steps=len(contents.profiler_steps))
-    return plan, contents, run_analyses(facade(loaded.trace), contents, analyses, log)
+    results = run_analyses(facade(loaded.trace), contents, analyses, log)
+    return plan, contents, results, _measure(loaded.trace, contents, log)
+
+
+def _measure(trace, contents, log: EventLogger) -> Evidence:
+    """The verdicts' numbers; a failure here costs the verdict, never the analyses."""
+    from .evidence import measure
+    try:
+        per_rank = measure(trace, contents.gpu_ranks)["per_rank"]
+    except Exception as exc:  # noqa: BLE001 - pandas/HTA raise bare builtins; record why and go on
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("evidence.failed", error=error)
+        return Evidence(None, error)
+    log.info("evidence.measured", ranks=len(per_rank))
+    return Evidence(per_rank, None)
 
 
 def _inspect_all(fetched: list[Fetched], hta_dir: Path, options: AnalyzeOptions, log: EventLogger) -> list[Inspected]:

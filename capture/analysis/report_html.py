@@ -37,6 +37,10 @@ tr.missing td.status{color:#c62828;font-weight:600}tr.missing,tr.excluded{backgr
 .analysed{background:#dff3e4;color:#1a7f37}.nothing_analysed{background:#fde2e1;color:#c62828}
 section.analysis{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
 p.reason{color:#555}.detail{color:#666;font-size:12px;max-width:480px}
+section.verdict{background:#fff;color:#222;border:2px solid #bbb;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
+section.verdict.supported{border-color:#1a7f37}section.verdict.not_supported{border-color:#b35900}
+.supported{background:#dff3e4;color:#1a7f37}.not_supported{background:#fff0e0;color:#b35900}
+.inconclusive{background:#eee;color:#555}p.why{font-size:15px}td.cannot{color:#b35900;font-size:12px}
 """
 
 # analysis name -> (list key in result, [(column title, dotted key)])
@@ -151,6 +155,60 @@ def _analysis(name: str, a: dict, summary: dict) -> str:
     return "".join(parts)
 
 
+_VERDICT_WORDS = {"supported": "supported", "not_supported": "not supported", "inconclusive": "inconclusive"}
+
+
+def _badge(verdict: str | None) -> str:
+    if verdict is None:
+        return ""
+    return f'<span class="badge {escape(verdict)}">{escape(_VERDICT_WORDS.get(verdict, verdict))}</span>'
+
+
+def _verdict(summary: dict) -> str:
+    """The section the report opens with: the alert's question, the trace's answer, the numbers."""
+    v = summary.get("verdict")
+    if not v:
+        return ""
+    a = v.get("alert")
+    head = (f"Verdict on diagnosis {escape(v['diagnosis'])}{_badge(v['verdict'])}" if v["diagnosis"]
+            else "Evidence by diagnosis (manual capture)")
+    parts = [f'<section class="verdict {escape(v["verdict"] or "none")}" id="verdict"><h2>{head}</h2>']
+    if a:
+        items = [("alert", a.get("alertname")), ("diagnosis", a.get("diagnosis")), ("workload", a.get("workload")),
+                 ("alert started", a.get("starts_at")), ("summary", a.get("text"))]
+        parts.append("<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(x))}</dd>" for k, x in items if x) + "</dl>")
+    parts.append(f'<p class="why">{escape(v["why"])}</p>')
+    if v["trace_kind"] == "cpu_only":
+        parts.append('<p class="reason">CPU-only trace: no GPU events were recorded, so GPU-side evidence is listed '
+                     'as not visible, not as zero.</p>')
+    rows = []
+    for name, c in v["checks"].items():
+        cannot = "; ".join(c["cannot_see"])
+        rows.append(f'<tr class="check-{escape(name)}"><td>{escape(name)}</td><td>{_badge(c["verdict"])}</td>'
+                    f'<td>{escape(c["why"])}</td><td class="cannot">{escape(cannot) or "—"}</td></tr>')
+    if rows:
+        parts.append('<table class="checks"><thead><tr><th>diagnosis</th><th>verdict</th><th>evidence</th>'
+                     f'<th>not visible in this trace</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    sites = (v["checks"].get("host_sync") or {}).get("numbers", {}).get("call_sites") or []
+    if sites:
+        parts.append("<h3>Host-blocking call sites</h3>" + _table(sites, [("call site (innermost first)", "site"),
+                                                                          ("calls", "count"), ("total µs", "total_us")]))
+    b = v.get("baseline")
+    if b:
+        parts.append(f'<p>Compared with baseline capture <b>{escape(b["capture_id"])}</b> (this capture: '
+                     f'<b>{escape(summary["capture"]["capture_id"])}</b>).</p>')
+        if v["regressions"]:
+            parts.append("<h3>Top regressions against the baseline</h3>" + _table(v["regressions"], [
+                ("rank", "rank"), ("kind", "kind"), ("name", "name"), ("per", "unit"), ("µs now", "us"),
+                ("µs baseline", "baseline_us"), ("+µs", "delta_us"), ("ratio", "ratio")]))
+        else:
+            parts.append('<p class="reason">Nothing takes longer than in the baseline.</p>')
+    else:
+        parts.append('<p class="reason">No baseline capture of this job to compare with.</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def render_report(summary: dict[str, Any]) -> str:
     c = summary["capture"]
     title = f"gpulens capture {c['capture_id']} · {c['job_id']}"
@@ -166,7 +224,7 @@ def render_report(summary: dict[str, Any]) -> str:
         "<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
         f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"
         f"<header><h1>{escape(title)}<span class=\"badge {escape(status)}\">{escape(status.replace('_', ' '))}</span></h1>"
-        f"{_identity(summary)}</header><main><h2>Ranks</h2>{_ranks(summary)}{analyses}</main>"
+        f"{_identity(summary)}</header><main>{_verdict(summary)}<h2>Ranks</h2>{_ranks(summary)}{analyses}</main>"
         f"<footer><p class=\"reason\">Generated {escape(_when(summary['generated_at']))} by gpulens "
         f"{escape(summary['tool']['gpulens'])} with HolisticTraceAnalysis {escape(summary['tool']['hta'])}. "
         f"Machine-readable: {escape(summary['outputs']['summary_uri'])}</p></footer></body></html>\n")

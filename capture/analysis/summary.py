@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from capture import schemas
@@ -19,7 +20,14 @@ from .manifest_reading import ManifestInput
 from .rank_selection import RankEntry, RankPlan
 from .running import OK, AnalysisResult
 
-__all__ = ["build_summary", "summary_json", "analysed_something"]
+__all__ = ["Evidence", "build_summary", "summary_json", "analysed_something"]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What `evidence.measure` found per rank, or why it could not measure."""
+    per_rank: list[dict[str, Any]] | None
+    error: str | None = None
 
 
 def _rank(entry: RankEntry) -> dict[str, Any]:
@@ -38,8 +46,23 @@ def analysed_something(results: list[AnalysisResult]) -> bool:
     return any(r.status == OK for r in results)
 
 
+def _verdict(reason: dict | None, contents: TraceContents | None, evidence: Evidence | None,
+             baseline: dict[str, Any] | None) -> dict[str, Any]:
+    from .verdicts import INCONCLUSIVE, judge
+    if evidence is not None and evidence.per_rank is not None:
+        return judge(reason, evidence.per_rank, contents.kind if contents else None, baseline)
+    why = (f"the trace evidence could not be measured: {evidence.error}" if evidence is not None
+           else "no rank's trace could be analysed")
+    out = judge(reason, [], contents.kind if contents else None, None)
+    if out["diagnosis"]:
+        out["verdict"], out["why"] = INCONCLUSIVE, why
+    out["checks"] = {}
+    return out
+
+
 def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents | None,
-                  results: list[AnalysisResult], hta_version: str, summary_uri: str, report_uri: str) -> dict[str, Any]:
+                  results: list[AnalysisResult], hta_version: str, summary_uri: str, report_uri: str, *,
+                  evidence: Evidence | None = None, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
     m = source.manifest
     capture: dict[str, Any] = {"capture_id": m.capture_id, "job_id": m.job_id, "attempt": m.attempt,
                                "manifest_uri": source.uri, "requested_at": m.requested_at,
@@ -58,6 +81,9 @@ def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents
                    "missing": len(plan.with_status("missing"))},
         "ranks": [_rank(e) for e in plan.entries],
         "analyses": {r.name: r.to_dict() for r in results},
+        "verdict": _verdict(capture.get("reason"), contents, evidence, baseline),
+        "evidence": {"per_rank": evidence.per_rank if evidence is not None else None,
+                     "error": evidence.error if evidence is not None else None},
         "outputs": {"summary_uri": summary_uri, "report_uri": report_uri},
     }
     return schemas.validate("summary", summary)

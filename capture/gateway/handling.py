@@ -95,6 +95,8 @@ class Gateway:
     def _alert_request(self, alert: Alert, capture_id: str) -> dict[str, Any]:
         reason = CaptureReason(kind="alert", alertname=alert.labels.get("alertname"), fingerprint=alert.fingerprint,
                                starts_at=alert.starts_at, diagnosis=alert.labels.get("diagnosis"),
+                               workload="/".join(v for v in (alert.labels.get("namespace"), alert.labels.get("pod"))
+                                                 if v) or None,
                                text=(alert.annotations.get("summary") or None) and alert.annotations["summary"][:2000])
         return CaptureRequest(job_id="", duration_ms=self.settings.duration_ms, activities=self.settings.activities,
                               reason=reason, requested_by="alertmanager", capture_id=capture_id).to_dict()

@@ -33,6 +33,7 @@ class CaptureReason:
     fingerprint: str | None = None
     starts_at: str | None = None
     diagnosis: str | None = None
+    workload: str | None = None   # "<namespace>/<pod>" the alert named: the report leads with it
     text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

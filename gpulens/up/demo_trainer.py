@@ -1,17 +1,21 @@
 """The demo trainer `gpulens up --demo` runs under `torchrun --nproc-per-node=2` (PyTorch CPU,
 gloo), armed by the trainer hook like any real job.
 
-Each step does a little real PyTorch work (so Kineto traces have real `cpu_op` events) and drives
+Each step takes its batch from a real `torch.utils.data.DataLoader` (so traces carry its
+`enumerate(DataLoader)#...__next__` spans), does a little real PyTorch work (so Kineto traces have
+real `cpu_op` events), steps a `torch.optim` optimizer (so Kineto counts iterations), and drives
 the CUDA driver stand-in (exporter/stub) through its exported driver symbols, so the exporter's
 uprobes see demand, back-pressure and transfers exactly as they would from cuBLAS on a GPU.
 
 An incident is switched on at run time by writing its name into the control file (`gpulens up
 --incident X` does that after the warm-up); the step loop re-reads the file when it changes:
 
-  host_sync         a "logging only" change copies a whole tensor to the host every step:
-                    extra synchronous device-to-host copies, demand unchanged
-  input_starvation  the data loader is CPU-starved: each step waits 4x longer for its batch, so
-                    launches and host-to-device bytes drop, and so does time blocked in syncs
+  host_sync         a "logging only" change copies a whole tensor to the host every step and reads a
+                    value from it: `aten::_to_copy`/`aten::copy_` and `aten::item` in the trace,
+                    extra synchronous device-to-host copies on the stand-in, demand unchanged
+  input_starvation  the data loader is CPU-starved: each batch takes 4x longer to produce, so
+                    `DataLoader.__next__` spans grow, launches and host-to-device bytes drop, and so
+                    does time blocked in syncs
   noisy_neighbor    nothing changes here; `gpulens up` starts a second job on the same (stand-in)
                     GPU, whose work delays ours on the shared device timeline
 """
@@ -39,6 +43,21 @@ def read_incident(path: str, cache: dict) -> str:
     return cache.get("incident", "none")
 
 
+def batches(control: str, host_ms: float, cache: dict):
+    """The dataset behind the DataLoader: one batch per `host_ms` of CPU-bound preparation (x4 when
+    input_starvation is on)."""
+    import torch
+
+    class Batches(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            while True:
+                slow = 4 if read_incident(control, cache) == "input_starvation" else 1
+                time.sleep(host_ms * slow / 1000)        # decoding, augmenting, ...
+                yield torch.randn(32, 64)
+
+    return torch.utils.data.DataLoader(Batches(), batch_size=None, num_workers=0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--libcuda", required=True, help="path of the stand-in libcuda.so.1")
@@ -48,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel-us", type=int, default=100)
     ap.add_argument("--h2d-bytes", type=int, default=4 << 20)
     ap.add_argument("--host-ms", type=float, default=20.0, help="time each step waits for its input batch")
+    ap.add_argument("--copy-floats", type=int, default=4 << 20,
+                    help="host_sync: size of the tensor copied to the host every step")
     args = ap.parse_args(argv)
 
     import torch
@@ -62,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     cache: dict = {}
+    loader = iter(batches(args.control, args.host_ms, {}))
+    activations = torch.randn(args.copy_floats)
     step, last_incident = 0, "none"
     print(f"demo-trainer rank={rank} pid={os.getpid()} started", flush=True)
     while args.steps == 0 or step < args.steps:
@@ -69,15 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         if incident != last_incident:
             print(f"demo-trainer rank={rank} incident={incident} step={step}", flush=True)
             last_incident = incident
-        host_ms = args.host_ms * (4 if incident == "input_starvation" else 1)
         # Named like torch.profiler's step markers, so analysis reports per-iteration times.
         with torch.profiler.record_function(f"ProfilerStep#{step}"):
-            time.sleep(host_ms / 1000)                   # waiting for the next batch
-            x = torch.randn(32, 64)
+            x = next(loader)                             # waits for the next batch
             loss = model(x).square().mean()
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if incident == "host_sync":                  # "just for logging": a host copy, then a read
+                snapshot = activations.to("cpu", copy=True)
+                print_value = snapshot[0].item()         # noqa: F841
             device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
                         d2h_sync_bytes=(16 << 20) if incident == "host_sync" else 0)
         if step % 20 == 0:

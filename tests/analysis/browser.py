@@ -107,8 +107,10 @@ async def chromium(profile_dir: Path):
         proc.wait(timeout=30)
 
 
-async def render(profile_dir: Path, url: str, expressions: dict[str, str], ready: str) -> PageResult:
-    """Open `url`, wait until JS `ready` is true, evaluate `expressions`, screenshot the full page."""
+async def render(profile_dir: Path, url: str, expressions: dict[str, str], ready: str,
+                 clip_selector: str | None = None) -> PageResult:
+    """Open `url`, wait until JS `ready` is true, evaluate `expressions`, screenshot the full page
+    (or only the first element matching `clip_selector`)."""
     async with chromium(profile_dir) as b:
         target = await b.send("Target.createTarget", url="about:blank")
         sid = (await b.send("Target.attachToTarget", targetId=target["targetId"], flatten=True))["sessionId"]
@@ -128,9 +130,14 @@ async def render(profile_dir: Path, url: str, expressions: dict[str, str], ready
             out.values[name] = r["result"].get("value")
         metrics = await b.send("Page.getLayoutMetrics", sid)
         size = metrics["cssContentSize"]
-        shot = await b.send("Page.captureScreenshot", sid, format="png", captureBeyondViewport=True,
-                            clip={"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 12000),
-                                  "scale": 1})
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 12000), "scale": 1}
+        if clip_selector:
+            r = await b.send("Runtime.evaluate", sid, returnByValue=True, expression=(
+                f"(() => {{ const r = document.querySelector({clip_selector!r}).getBoundingClientRect(); "
+                "return {x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height, scale: 1}; })()"))
+            clip = r["result"]["value"]
+            out.values["clip"] = clip
+        shot = await b.send("Page.captureScreenshot", sid, format="png", captureBeyondViewport=True, clip=clip)
         out.screenshot = base64.b64decode(shot["data"])
         for ev in b.events:
             p = ev.get("params", {})

@@ -47,6 +47,7 @@ class CaptureBuilder:
     artifacts: list[Artifact] = field(default_factory=list)
     expected: list[ExpectedTarget] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    request: dict = field(default_factory=lambda: {"reason": {"kind": "manual", "requested_by": "test"}})
 
     @property
     def dir(self) -> Path:
@@ -80,7 +81,7 @@ class CaptureBuilder:
         m = Manifest(capture_id=self.capture_id, job_id=self.job, attempt=self.attempt, requested_at=time.time(),
                      duration_ms=self.duration_ms, expected_targets=self.expected, artifacts=self.artifacts,
                      failures=self.failures, archive_prefix=self.dir.as_uri(),
-                     request={"reason": {"kind": "manual", "requested_by": "test"}})
+                     request=self.request)
         path = self.dir / "manifest.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(m.to_json())

@@ -73,6 +73,7 @@ async def test_repeats_and_retries_of_one_episode_start_exactly_one_capture(stac
     assert all(o["capture_id"] == cid for o in outcomes)
     rec = stack.coordinator.captures[cid]
     assert rec.request.reason.fingerprint == "fp-1" and rec.request.reason.diagnosis == "host_sync"
+    assert rec.request.reason.workload == "ml/train-0"                       # the report leads with it
     assert rec.request.requested_by == "alertmanager"
     assert "kernel" in rec.request.activities and "cpu_op" in rec.request.activities   # the GPU timeline too
 

@@ -1,0 +1,49 @@
+"""Real PyTorch (CPU) Kineto traces of the demo trainer's step loop, healthy or with an incident.
+
+The step is the demo trainer's own (`gpulens.up.demo_trainer`): its DataLoader (`batches`), its
+host_sync copy and read, ProfilerStep#N markers. Traced with torch.profiler's Kineto backend, no
+steps schedule, like an on-demand capture. One process per trace:
+
+    python incident_traces.py OUT_FILE none|host_sync|input_starvation [STEPS]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def main(out: Path, incident: str, steps: int = 8) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpulens.up.demo_trainer import batches
+
+    torch.set_num_threads(1)
+    control = out.with_suffix(".incident")
+    control.write_text(incident)
+    loader = iter(batches(str(control), 20.0, {}))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    activations = torch.randn(4 << 20)   # the demo trainer's --copy-floats default (16 MB)
+
+    def step(n: int) -> None:
+        with torch.profiler.record_function(f"ProfilerStep#{n}"):
+            x = next(loader)
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if incident == "host_sync":
+                activations.to("cpu", copy=True)[0].item()
+
+    for n in range(2):
+        step(n)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for n in range(2, 2 + steps):
+            step(n)
+    prof.export_chrome_trace(str(out))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 8)
