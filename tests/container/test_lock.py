@@ -33,3 +33,11 @@ def test_notebook_and_test_stacks_stay_out():
     for name in ("jupyterlab", "notebook", "jupyter-server", "pytest", "torch", "pydot", "moto"):
         assert name not in locked
     assert "psutil" in locked          # HTA imports it without declaring it
+
+
+def test_chart_default_tag_is_the_image_build_sh_makes():
+    import tomllib
+    import yaml
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((REPO / "helm" / "gpulens" / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version      # image/build.sh tags localhost/gpulens:<version>
