@@ -14,6 +14,7 @@ import pytest
 from capture.agent.registry import ProcFs, WorkerRegistry
 from tests.agent.conftest import wait_until
 from tests.conftest import is_root
+from tests.conftest import requires
 
 
 def record(**over) -> dict:
@@ -112,7 +113,7 @@ def test_find_prefers_the_live_record_of_a_rank(tmp_path, sleeper):
 
 
 @pytest.mark.root
-@pytest.mark.skipif(not is_root(), reason="needs root for unshare --pid")
+@requires(None if is_root() else "needs root for unshare --pid")
 def test_two_pid_namespaces_with_the_same_pid_resolve_to_different_processes(tmp_path, sleeper):
     a = sleeper("unshare", "--pid", "--fork", "--mount-proc")
     b = sleeper("unshare", "--pid", "--fork", "--mount-proc")

@@ -28,6 +28,7 @@ from capture.archive import RetryPolicy
 from hooks import hook_path
 from tests.conftest import free_port, is_root
 from tests.doubles.dynolog_double import DynologDouble
+from tests.conftest import requires
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -283,7 +284,7 @@ async def test_agent_killed_mid_capture_resumes_from_its_state(site):
 
 
 @pytest.mark.root
-@pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare")
+@requires(None if is_root() and shutil.which("unshare") else "needs root and unshare")
 async def test_two_pid_namespaces_with_the_same_pid_only_the_requested_one_is_traced(site):
     """Two pods on one node, each trainer is pid 1 in its own pid namespace and tells Kineto (and
     so the endpoint) only "pid 1". The per-pod Kineto job id the hook sets keeps them apart."""
@@ -333,7 +334,7 @@ async def test_two_pid_namespaces_with_the_same_pid_only_the_requested_one_is_tr
 
 
 @pytest.mark.root
-@pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare --net")
+@requires(None if is_root() and shutil.which("unshare") else "needs root and unshare --net")
 def test_builtin_endpoint_on_the_abstract_socket_with_real_kineto(tmp_path):
     """Without KINETO_IPC_SOCKET_DIR Kineto polls the abstract `@dynolog\\0` (trailing NUL). In a
     private network namespace, the builtin endpoint answers it and a real trace comes back."""

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tests.conftest import missing
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTRULES = REPO / "alertrules"
@@ -17,7 +18,7 @@ AMTOOL = "/usr/bin/amtool"
 
 def need(binary: str) -> str:
     if not Path(binary).exists():
-        pytest.skip(f"{binary} not installed (scripts/setup.sh installs it)")
+        missing(f"{binary} not installed (scripts/setup.sh installs it)")
     return binary
 
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from tests.conftest import free_port
 
 from .conftest import ALERTRULES, run
+from tests.conftest import missing
 
 EXAMPLE = ALERTRULES / "alertmanager" / "alertmanager.example.yml"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
@@ -96,7 +97,7 @@ def _alert(pod: str, capture: str, diagnosis: str, job: str | None = "llama-ft")
 @pytest.mark.timeout(120)
 async def test_real_alertmanager_delivers_one_notification_per_job_with_the_token(tmp_path):
     if not Path(ALERTMANAGER).exists():
-        pytest.skip("prometheus-alertmanager not installed")
+        missing("prometheus-alertmanager not installed")
     gateway = _GatewayDouble()
     app = web.Application()
     app.router.add_post("/v1/alertmanager", gateway.handle)

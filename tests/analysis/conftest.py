@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from capture.models import Artifact, ExpectedTarget, Failure, Manifest
+from tests.conftest import missing
 
 HERE = Path(__file__).resolve().parent
 SHARED_TRACES = HERE.parent.parent.parent / "shared" / "data" / "traces"
@@ -98,7 +99,7 @@ def trace_filter() -> list[Path]:
     """The genuine 2-rank GPU+NCCL set from HTA's test data (ranks 0 and 1 of one 128-rank job)."""
     d = SHARED_TRACES / "hta_trace_filter_2rank"
     if not d.is_dir():
-        pytest.skip(f"shared trace data not found at {d}")
+        missing(f"shared trace data not found at {d}")
     return [d / "sampled_rank-0.json.gz", d / "sampled_rank-1.json.gz"]
 
 
@@ -106,7 +107,7 @@ def trace_filter() -> list[Path]:
 def cpu_only_assembled() -> dict[int, Path]:
     d = SHARED_TRACES / "hta_cpu_only_2rank_assembled"
     if not d.is_dir():
-        pytest.skip(f"shared trace data not found at {d}")
+        missing(f"shared trace data not found at {d}")
     return {34: d / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 0: d / "rank_non_gpu.json.gz"}
 
 

@@ -14,8 +14,9 @@ import pytest
 from capture.analysis import analyze_manifest
 
 from .browser import CHROMIUM, render
+from tests.conftest import requires
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")
+pytestmark = requires(None if Path(CHROMIUM).exists() else "chromium is not installed")
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
 

@@ -14,6 +14,7 @@ import yaml
 
 from alertrules import promql, ruleset
 from dashboards import build
+from tests.conftest import missing
 
 PROMTOOL = "/usr/bin/promtool"
 PROMETHEUS_OWN = {"ALERTS"}  # written by Prometheus itself for every alerting rule
@@ -46,7 +47,7 @@ def promtool_parses(tmp_path: Path, exprs: list[str]) -> subprocess.CompletedPro
 @pytest.fixture(scope="module")
 def promtool() -> str:
     if not Path(PROMTOOL).exists():
-        pytest.skip("promtool not installed")
+        missing("promtool not installed")
     return PROMTOOL
 
 

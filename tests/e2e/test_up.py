@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.up.layout import Ports
+from tests.conftest import missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -61,13 +62,33 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def linked(notes: list[dict], capture_id: str) -> list[dict] | None:
+    found = [n for n in notes if capture_id in json.dumps(n) and "report.html" in n.get("text", "")]
+    return found or None
+
+
+def wait_for(probe, *, timeout: float, what: str, last=None):
+    """The first truthy value of probe() within timeout (polled every 0.5 s); else fail with the last state."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            value = probe()
+        except OSError:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not reached within {timeout} s; last: {last() if last else value!r}")
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def up_env():
     if os.geteuid() != 0:
-        pytest.skip("needs root for eBPF")
+        missing("needs root for eBPF")
     for tool in ("prometheus", "prometheus-alertmanager"):
         if not shutil.which(tool):
-            pytest.skip(f"{tool} not installed (scripts/setup.sh installs it)")
+            missing(f"{tool} not installed (scripts/setup.sh installs it)")
     return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
@@ -109,8 +130,11 @@ def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
             assert any(ev.get("cat") == "cpu_op" for ev in trace["traceEvents"])
         # the analysis report exists and the annotation links to it
         assert (workdir / "archive" / capture["report"]).stat().st_size > 1000
-        notes = get_json(f"{ui}/api/annotations")["annotations"]
-        assert any(capture["capture_id"] in json.dumps(n) and "report.html" in n.get("text", "") for n in notes), notes
+        # the report link reaches the annotation after the report file exists (the coordinator syncs
+        # the annotation once analysis is done): wait for that condition, not for a fixed time
+        notes = wait_for(lambda: linked(get_json(f"{ui}/api/annotations")["annotations"], capture["capture_id"]),
+                         timeout=90, what="the annotation linking the report")
+        assert notes
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
@@ -120,7 +144,7 @@ def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, log_path.read_text()[-3000:]
-    time.sleep(1)
-    assert processes_mentioning(str(workdir)) == []
+    assert wait_for(lambda: processes_mentioning(str(workdir)) == [] or None, timeout=30,
+                    what="no process left", last=lambda: processes_mentioning(str(workdir)))
     assert list((workdir / "registry").glob("*.json")) == []
     assert (workdir / "archive" / capture["manifest"]).exists()  # archive intact after shutdown

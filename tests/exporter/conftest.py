@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import ExporterConfig
 from exporter.stub import StubBuild, build_stub
+from tests.conftest import missing, requires
 
 DATA = Path(__file__).parent / "data"
 
@@ -34,13 +35,13 @@ def bcc_usable() -> str | None:
     return None
 
 
-requires_ebpf = [pytest.mark.root, pytest.mark.skipif(bcc_usable() is not None, reason=str(bcc_usable()))]
+requires_ebpf = [pytest.mark.root, requires(bcc_usable())]
 
 
 @pytest.fixture(scope="session")
 def stub(tmp_path_factory) -> StubBuild:
     if shutil.which("gcc") is None:
-        pytest.skip("gcc not installed")
+        missing("gcc not installed")
     return build_stub(tmp_path_factory.mktemp("stub-cache"))
 
 

@@ -13,6 +13,7 @@ import pytest
 from exporter.btf import VMLINUX_BTF, BtfError, member_offsets
 from exporter.elfsyms import ElfError, function_offsets
 from exporter.symbols import DRIVER_PROBES, probe_names
+from tests.conftest import requires
 
 
 def test_stub_exports_every_probed_symbol_at_distinct_addresses(stub):
@@ -22,7 +23,7 @@ def test_stub_exports_every_probed_symbol_at_distinct_addresses(stub):
     assert len(set(offsets.values())) == len(offsets)
 
 
-@pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="binutils missing")
+@requires(None if shutil.which("nm") and shutil.which("readelf") else "binutils missing")
 def test_offsets_agree_with_binutils(stub):
     """file offset = symbol value - segment vaddr + segment file offset, as binutils reports them."""
     nm = subprocess.run(["nm", "-D", "--defined-only", str(stub.libcuda)], capture_output=True, text=True, check=True)

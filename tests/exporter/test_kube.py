@@ -18,6 +18,7 @@ from exporter.procfs import ProcFS
 from exporter.service import Exporter
 
 from .conftest import bcc_usable, make_config, scrape, value
+from tests.conftest import requires
 
 NODE = "node-a"
 
@@ -323,7 +324,7 @@ async def test_attributor_uses_cgroup_and_pod_index(kmock, index, kube_cgroup):
 
 
 @pytest.mark.root
-@pytest.mark.skipif(bcc_usable() is not None, reason=str(bcc_usable()))
+@requires(bcc_usable())
 async def test_exporter_labels_workload_with_its_kubernetes_pod(kmock, index, kube_cgroup, stub, libcuda, tmp_path):
     uid, cid, enter = kube_cgroup
     kmock.objects["v1/pods", "ml", "trainer-0"] = pod("trainer-0", uid, NODE, namespace="ml",

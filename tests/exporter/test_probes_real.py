@@ -17,6 +17,7 @@ from exporter.probes import ProbeUnavailable
 from exporter.service import Exporter
 
 from .conftest import make_config, registration, requires_ebpf, scrape, value, wait_for
+from tests.conftest import missing
 
 pytestmark = requires_ebpf
 
@@ -149,7 +150,7 @@ def test_library_inside_another_mount_namespace_and_deleted_file(stub, libcuda, 
     """Container-like: the library path exists only in the process's mount namespace; and a
     library whose file was deleted after it was mapped (driver upgrade) is still probed."""
     if shutil.which("unshare") is None:
-        pytest.skip("unshare not installed")
+        missing("unshare not installed")
     other = tmp_path / "image-lib"
     other.mkdir()
     shutil.copy2(stub.libcuda, other / "libcuda.so.1")

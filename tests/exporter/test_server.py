@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import bcc_usable, wait_for
+from tests.conftest import requires
 
 
 def _get(url, headers=None, method="GET"):
@@ -98,7 +99,7 @@ def test_serves_self_metrics_without_ebpf_and_answers_bad_requests(run_exporter,
 
 
 @pytest.mark.root
-@pytest.mark.skipif(bcc_usable() is not None, reason=str(bcc_usable()))
+@requires(bcc_usable())
 def test_cli_end_to_end_with_probes(run_exporter, port, stub, libcuda, workloads):
     url = f"http://127.0.0.1:{port}"
     p = run_exporter("--listen", f"127.0.0.1:{port}", "--nvml", "off", "--node", "n-e2e", "--scan-interval", "0.2",

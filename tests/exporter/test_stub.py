@@ -15,6 +15,7 @@ from exporter.stub import StubBuildError, build_stub
 from exporter.stub.build import default_cache_dir
 
 from .conftest import bcc_usable, make_config, scrape, value, wait_for
+from tests.conftest import requires
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,7 +130,7 @@ except CudaError as e:
 
 
 @pytest.mark.root
-@pytest.mark.skipif(bcc_usable() is not None, reason=str(bcc_usable()))
+@requires(bcc_usable())
 def test_stub_driver_calls_are_counted_by_the_exporter(stub, libcuda, tmp_path):
     from exporter.service import Exporter
     exp = Exporter(make_config(tmp_path, libcuda))

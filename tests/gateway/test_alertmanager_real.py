@@ -19,11 +19,12 @@ from aiohttp import web
 from tests.conftest import free_port
 
 from .conftest import GATEWAY_TOKEN
+from tests.conftest import requires
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(ALERTMANAGER), reason="prometheus-alertmanager not installed")]
+              requires(None if os.path.exists(ALERTMANAGER) else "prometheus-alertmanager not installed")]
 
 
 def am_config(gateway_url: str, good: str, bad: str) -> dict:

@@ -13,6 +13,7 @@ import yaml
 
 from .chart import CHART_DIR, REPO, by_kind, one, render
 from .value_sets import VALUE_SETS
+from tests.conftest import missing
 
 
 def _sync():
@@ -25,8 +26,7 @@ def _sync():
 def test_chart_copies_match_their_sources():
     sync = _sync()
     planned = sync.planned()
-    if not planned:
-        pytest.skip("no sources yet (alertrules/kubernetes/*.yaml, dashboards/**/*.json)")
+    assert planned, "no sources (alertrules/kubernetes/*.yaml, dashboards/**/*.json)"
     stale = [str(p.relative_to(REPO)) for p, text in planned.items() if not p.exists() or p.read_text() != text]
     assert stale == [], f"run `python helm/gpulens/hack/sync_files.py`: stale {stale}"
     assert sync.main(["--check"]) == 0
@@ -34,8 +34,7 @@ def test_chart_copies_match_their_sources():
 
 def test_sync_check_notices_a_stale_copy(tmp_path, monkeypatch):
     sync = _sync()
-    if sync.rules_text() is None:
-        pytest.skip("alertrules/kubernetes/gpulens-prometheusrule.yaml not there yet")
+    assert sync.rules_text() is not None, "alertrules/kubernetes/gpulens-prometheusrule.yaml is missing"
     chart = tmp_path / "gpulens"
     shutil.copytree(CHART_DIR, chart)
     (chart / "files" / "rules.yaml").write_text("groups: []\n")
@@ -45,8 +44,6 @@ def test_sync_check_notices_a_stale_copy(tmp_path, monkeypatch):
 
 def test_rendered_rules_equal_the_alertrules_manifest_except_link_bases():
     source = REPO / "alertrules" / "kubernetes" / "gpulens-prometheusrule.yaml"
-    if not source.exists():
-        pytest.skip("alertrules manifest not there yet")
     want = yaml.safe_load(source.read_text())["spec"]
     got = one(render({"monitoring": {"prometheusRule": {"enabled": True}}}), "PrometheusRule", "")["spec"]
     assert got == want
@@ -60,7 +57,7 @@ def test_rendered_rules_equal_the_alertrules_manifest_except_link_bases():
 def test_rendered_rules_pass_promtool(tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not installed")
+        missing("promtool not installed")
     spec = one(render(VALUE_SETS["everything"]), "PrometheusRule", "")["spec"]
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -71,8 +68,7 @@ def test_rendered_rules_pass_promtool(tmp_path):
 
 def test_dashboards_become_labelled_configmaps_with_the_json_intact():
     files = sorted((CHART_DIR / "files" / "dashboards").glob("*.json"))
-    if not files:
-        pytest.skip("no dashboards copied into the chart yet")
+    assert files, "no dashboards copied into the chart"
     cms = [o for o in by_kind(render(VALUE_SETS["everything"]), "ConfigMap") if "-dashboard-" in o["metadata"]["name"]]
     assert len(cms) == len(files)
     for cm, path in zip(sorted(cms, key=lambda c: c["metadata"]["name"]), files):

@@ -11,7 +11,8 @@ What it adds to kmock 0.8, each as the real API server does it:
 - `labelSelector` on list and watch (equality, inequality, existence);
 - background cascading deletion: deleting an object deletes the objects whose ownerReferences
   name its uid, recursively (the garbage collector, with no delay); `propagationPolicy: Orphan`
-  instead removes those owner references and keeps the dependents;
+  instead removes those owner references and keeps the dependents; an object written with owners
+  that are all gone is collected too;
 - a log of every request (method, path, query) for assertions.
 
 It runs in its own thread and event loop, so synchronous code (the kubernetes client, kopf in
@@ -114,7 +115,25 @@ class ApiServer(kmock.KubernetesEmulator):
         response = await super()._handle(request)
         if owner_uid and response.status < 300:
             await (self._orphan(owner_uid) if orphan else self._collect_garbage({owner_uid}))
+        elif request.action in (enums.action.CREATE, enums.action.UPDATE) and response.status < 300:
+            await self._collect_dangling()
         return response
+
+    async def _collect_dangling(self) -> None:
+        """The garbage collector also deletes an object all of whose owners are gone when it is
+        written (a late create by a reconciler that still held the deleted owner): without this, the
+        double kept such objects forever where the real cluster removes them."""
+        async with self._lock:
+            live = {o.raw.get("metadata", {}).get("uid") for o in self._objects.values() if not o.deleted}
+            dangling = set()
+            for obj in self._objects.values():
+                if obj.deleted:
+                    continue
+                refs = {r.get("uid") for r in (obj.raw.get("metadata", {}).get("ownerReferences") or [])}
+                if refs and not refs & live:
+                    dangling |= refs
+        if dangling:
+            await self._collect_garbage(dangling)
 
     async def _orphan(self, owner_uid: str) -> None:
         async with self._lock:
