@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from gpulens.logs import get_logger
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from .host import UpHost
 
 __all__ = ["LocalOperator", "read_jobs"]
 
@@ -36,7 +36,7 @@ def read_jobs(registry) -> dict[tuple[str, str, int], set[str]]:
 
 
 class LocalOperator:
-    def __init__(self, runner: "Runner", interval_s: float = 1.0):
+    def __init__(self, runner: "UpHost", interval_s: float = 1.0):
         self.runner = runner
         self.interval_s = interval_s
         self.coordinators: dict[tuple[str, str, int], str] = {}   # key -> URL

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from .host import UpHost
 
 __all__ = ["Page", "list_captures"]
 
@@ -48,7 +48,7 @@ def _annotations(path: Path) -> list[dict]:
 
 
 class Page:
-    def __init__(self, runner: "Runner", port: int):
+    def __init__(self, runner: "UpHost", port: int):
         self.runner, self.port = runner, port
         self._site_runner: web.AppRunner | None = None
 

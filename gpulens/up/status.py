@@ -12,13 +12,13 @@ import aiohttp
 from .page import list_captures
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from .host import UpHost
 
 __all__ = ["StatusReporter"]
 
 
 class StatusReporter:
-    def __init__(self, runner: "Runner", interval_s: float = 5.0, heartbeat_s: float = 60.0):
+    def __init__(self, runner: "UpHost", interval_s: float = 5.0, heartbeat_s: float = 60.0):
         self.runner, self.interval_s, self.heartbeat_s = runner, interval_s, heartbeat_s
         self._seen: set[str] = set()
         self._last_line = time.monotonic()
