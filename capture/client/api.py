@@ -22,10 +22,12 @@ MAX_EVENT_BYTES = 64 << 20
 class ApiError(Exception):
     """The server answered with an error status; `.status` and `.body` say what it said."""
 
-    def __init__(self, status: int, body: Any, url: str):
+    def __init__(self, status: int, body: Any, url: str, cause: BaseException | None = None):
         detail = body.get("error") if isinstance(body, dict) else body
         super().__init__(f"{url}: HTTP {status}: {str(detail)[:300]}")
         self.status, self.body, self.url = status, body, url
+        #: the transport error behind a status-0 answer (refused, timeout, bad URL), for people's messages
+        self.cause = cause
 
 
 class ApiUnavailable(ApiError):
@@ -63,7 +65,7 @@ class CaptureApi:
                 cls = ApiUnavailable if resp.status >= 500 else ApiError
                 raise cls(resp.status, data, url)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise ApiUnavailable(0, f"{type(exc).__name__}: {exc}", url) from exc
+            raise ApiUnavailable(0, f"{type(exc).__name__}: {exc}", url, exc) from exc
 
     async def start(self, request: dict[str, Any], *, namespace: str | None = None,
                     pod: str | None = None) -> tuple[int, dict[str, Any]]:
@@ -113,5 +115,5 @@ class CaptureApi:
                         if event.get("event") == "end":
                             return
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise ApiUnavailable(0, f"event stream cut: {type(exc).__name__}: {exc}", url) from exc
+            raise ApiUnavailable(0, f"event stream cut: {type(exc).__name__}: {exc}", url, exc) from exc
         raise ApiUnavailable(0, "event stream ended before the capture did", url)

@@ -37,18 +37,23 @@ def format_status(status: dict[str, Any]) -> str:
              f"phase     {status.get('phase')}" + (" (cancelled)" if status.get("cancelled") else "")
              + (f"  error: {status['error']}" if status.get("error") else ""),
              f"window    {status.get('duration_ms')} ms, requested {_when(status.get('requested_at'))}, "
-             f"deadline {_when(status.get('deadline'))}"]
+             f"deadline {_when(status.get('deadline'))} (local time)"]
     reason = status.get("reason") or {}
     if reason.get("kind") == "alert":
         lines.append(f"reason    alert {reason.get('alertname')} ({reason.get('diagnosis') or 'no diagnosis'})")
     else:
         lines.append(f"reason    requested by {status.get('requested_by')}")
+    if status.get("from_archive"):
+        lines.append(f"note      {status.get('note') or 'read from the archive'}")
     if status.get("manifest_uri"):
         lines.append(f"manifest  {status['manifest_uri']}")
+    report = status.get("report_url") or status.get("report_uri")   # the browser link when the server has one
     analysis = status.get("analysis") or {}
     if analysis.get("state") not in (None, "pending", "disabled"):
         lines.append(f"analysis  {analysis.get('state')}" + (f": {analysis['reason']}" if analysis.get("reason") else "")
-                     + (f"  {status['report_uri']}" if status.get("report_uri") else ""))
+                     + (f"  {report}" if report else ""))
+    elif report:
+        lines.append(f"report    {report}")
     annotation = status.get("annotation") or {}
     if annotation.get("state") not in (None, "disabled"):
         lines.append(f"annotation {annotation.get('state')} ({annotation.get('sink')})"
@@ -84,12 +89,17 @@ def format_event(event: dict[str, Any]) -> str | None:
 def format_list(captures: list[dict[str, Any]]) -> str:
     if not captures:
         return "no captures"
-    rows = [f"{'capture':<28} {'job':<24} {'phase':<10} {'archived':<9} reason"]
+    rows = [f"{'capture':<28} {'job':<24} {'requested':<9} {'phase':<20} {'archived':<9} why"]
     for c in captures:
         counts = c.get("counts") or {}
         archived = f"{counts.get('archived', 0)}/{c.get('expected', '?')}" if "expected" in c else "-"
         reason = c.get("reason") or {}
-        why = reason.get("alertname") or reason.get("kind") or "-"
+        if reason.get("kind") == "alert":
+            why = f"alert {reason.get('alertname') or '?'}"
+        else:
+            why = f"by {c.get('requested_by') or 'a person'}"
+        phase = str(c.get("phase")) + (" cancelled" if c.get("cancelled") else "") + \
+            (" (archive)" if c.get("from_archive") else "")
         rows.append(f"{c.get('capture_id', '?'):<28} {str(c.get('namespace', '?')) + '/' + str(c.get('job_id', '?')):<24} "
-                    f"{str(c.get('phase')):<10} {archived:<9} {why}")
+                    f"{_when(c.get('requested_at')):<9} {phase:<20} {archived:<9} {why}")
     return "\n".join(rows)

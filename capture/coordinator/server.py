@@ -1,7 +1,8 @@
 """The coordinator's HTTP API (aiohttp): a thin adapter from requests to `Coordinator`.
 
 Every error is a JSON body with `error` (and `field` for a 400), never a stack trace; an id this
-process did not start is `404 {"phase": "unknown"}`, also right after a restart.
+process did not start is answered from the archive when its manifest is there (`from_archive`),
+else `404 {"phase": "unknown"}`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from capture import limits, web_json
+from capture.annotations.render import report_link
 from capture.models import CaptureRequest
 from capture.schemas import SchemaError
 
@@ -65,20 +67,41 @@ async def start_capture(request: web.Request) -> web.Response:
     return web.json_response(body, status=202 if created else 200)
 
 
+def _with_links(coordinator: Coordinator, status: dict[str, Any]) -> dict[str, Any]:
+    """Add `report_url`: the browser link the annotation uses (the archive URI stays in report_uri)."""
+    s = coordinator.settings
+    url = report_link(status.get("report_uri"), s.archive_root, s.report_base_url)
+    if url and url != status.get("report_uri"):
+        status["report_url"] = url
+    return status
+
+
 async def list_captures(request: web.Request) -> web.Response:
-    records = reversed(list(request.app[COORDINATOR].captures.values()))
-    return web.json_response({"captures": [r.to_status(full=False) for r in records]})
+    coordinator = request.app[COORDINATOR]
+    records = reversed(list(coordinator.captures.values()))
+    live = [_with_links(coordinator, r.to_status(full=False)) for r in records]
+    kept = [_with_links(coordinator, c) for c in coordinator.archived_list()]
+    return web.json_response({"captures": live + kept})
 
 
 async def get_capture(request: web.Request) -> web.Response:
     capture_id = request.match_info["capture_id"]
-    record = request.app[COORDINATOR].get(capture_id)
-    return _unknown(capture_id) if record is None else web.json_response(record.to_status(full=True))
+    coordinator = request.app[COORDINATOR]
+    record = coordinator.get(capture_id)
+    if record is not None:
+        return web.json_response(_with_links(coordinator, record.to_status(full=True)))
+    archived = await coordinator.archived(capture_id)
+    return _unknown(capture_id) if archived is None else web.json_response(_with_links(coordinator, archived))
 
 
 async def cancel_capture(request: web.Request) -> web.Response:
     capture_id = request.match_info["capture_id"]
-    record = request.app[COORDINATOR].cancel(capture_id)
+    coordinator = request.app[COORDINATOR]
+    record = coordinator.cancel(capture_id)
+    if record is None:
+        archived = await coordinator.archived(capture_id)
+        if archived is not None:   # finished before the restart: nothing left to cancel
+            return web.json_response(archived)
     return _unknown(capture_id) if record is None else web.json_response(record.to_status(full=False))
 
 
@@ -95,9 +118,14 @@ async def alert_resolved(request: web.Request) -> web.Response:
 async def capture_events(request: web.Request) -> web.StreamResponse:
     """NDJSON: a snapshot, then every change, then `end` once the capture converged (or failed)."""
     capture_id = request.match_info["capture_id"]
-    record = request.app[COORDINATOR].get(capture_id)
+    coordinator = request.app[COORDINATOR]
+    record = coordinator.get(capture_id)
     if record is None:
-        return _unknown(capture_id)
+        archived = await coordinator.archived(capture_id)
+        if archived is None:
+            return _unknown(capture_id)
+        lines = [ndjson_line({"event": "snapshot", "status": archived}), ndjson_line({"event": "end", "status": archived})]
+        return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     sub = record.bus.subscribe()  # before the snapshot, so nothing falls between the two

@@ -1,9 +1,10 @@
 """The coordinator's core: accept captures, run each one prepare -> dispatch -> converge ->
 manifest -> analysis, and keep the annotation in step. No HTTP here (server.py adapts it).
 
-State is in memory only: a restarted coordinator knows none of the captures it did not start
-and answers `unknown` for them (DESIGN.md, "Why one coordinator per job"). `--state-dir` keeps a
-copy of each finished capture's status and manifest for people, not for recovery.
+State is in memory only: a restarted coordinator runs none of the captures it did not start
+(DESIGN.md, "Why one coordinator per job"); finished ones are still answered from the archive's
+manifest, marked `from_archive` (archived.py). `--state-dir` keeps a copy of each finished
+capture's status, which is what lists them after a restart.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpulens.logs import get_logger
 
 from .agents import AgentClient
 from .analysis_runner import AnalysisRunner
+from .archived import list_kept, read_archived
 from .deadlines import DeadlinePolicy, DelayTracker
 from .discovery import Discovery, DiscoveryError
 from .fanout import AgentWorker, FanoutSettings
@@ -86,6 +88,15 @@ class Coordinator:
 
     def get(self, capture_id: str) -> CaptureRecord | None:
         return self.captures.get(capture_id)
+
+    async def archived(self, capture_id: str) -> dict[str, Any] | None:
+        """A capture this process does not hold (it restarted since): its status from the archive."""
+        s = self.settings
+        return await read_archived(capture_id, archive_root=s.archive_root, namespace=s.namespace, job_id=s.job_id,
+                                   attempt=s.attempt, open_store=self.open_store)
+
+    def archived_list(self) -> list[dict[str, Any]]:
+        return list_kept(self.settings.state_dir, set(self.captures))
 
     def active(self) -> CaptureRecord | None:
         return next((r for r in self.captures.values() if r.phase not in Phase.DONE), None)

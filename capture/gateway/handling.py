@@ -109,12 +109,15 @@ class Gateway:
         if entry is None:
             last = self.ledger.last_start.get(route.key)
             if last is not None and time.time() - last < self.settings.cooldown_s:
+                since = self._last_capture_of(route.key)
                 entry = AlertEntry(alert.key, alert.fingerprint, alert.starts_at, route.namespace, route.job_id,
-                                   "cooldown", detail=f"{route.key} got a capture {time.time() - last:.0f} s ago "
-                                                      f"(cooldown {self.settings.cooldown_s:.0f} s)")
+                                   "cooldown", capture_id=None,
+                                   detail=f"{route.key} got capture {since or '?'} {time.time() - last:.0f} s ago "
+                                          f"(cooldown {self.settings.cooldown_s:.0f} s, manual captures count too)")
                 self.ledger.alerts[alert.key] = entry
                 self.ledger.save()
-                log.info("alert.cooldown", fingerprint=alert.fingerprint, job=route.key)
+                log.info("alert.cooldown", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"),
+                         job=route.key, since_capture=since, detail=entry.detail)
                 return Outcome(alert.fingerprint, alert.starts_at, "cooldown", detail=entry.detail)
             entry = AlertEntry(alert.key, alert.fingerprint, alert.starts_at, route.namespace, route.job_id,
                                "forwarding", capture_id=new_capture_id())
@@ -128,9 +131,9 @@ class Gateway:
             if _is_dns_failure(exc):
                 self.ledger.alerts.pop(alert.key, None)
                 self.ledger.save()
-                log.warning("alert.no_coordinator", fingerprint=alert.fingerprint, job=route.key, error=str(exc))
+                log.warning("alert.no_coordinator", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"), job=route.key, error=str(exc))
                 return Outcome(alert.fingerprint, alert.starts_at, "unroutable", detail=f"no coordinator: {exc}")
-            log.warning("alert.forward_failed", fingerprint=alert.fingerprint, job=route.key,
+            log.warning("alert.forward_failed", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"), job=route.key,
                         capture_id=entry.capture_id, error=str(exc))
             return Outcome(alert.fingerprint, alert.starts_at, "coordinator_unavailable", entry.capture_id, str(exc),
                            retryable=True)
@@ -144,7 +147,7 @@ class Gateway:
             entry.outcome = "busy" if body_.get("error") == "capture_in_progress" else "rejected"
             entry.detail = f"{body_.get('capture_id') or ''} {exc}".strip()
             self.ledger.save()
-            log.warning("alert.not_started", fingerprint=alert.fingerprint, job=route.key, outcome=entry.outcome,
+            log.warning("alert.not_started", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"), job=route.key, outcome=entry.outcome,
                         detail=entry.detail)
             return Outcome(alert.fingerprint, alert.starts_at, entry.outcome, body_.get("capture_id"), entry.detail)
         entry.outcome = "started"
@@ -152,8 +155,13 @@ class Gateway:
                                          {"kind": "alert", "alertname": alert.labels.get("alertname"),
                                           "fingerprint": alert.fingerprint, "starts_at": alert.starts_at}))
         self.ledger.save()
-        log.info("alert.capture_started", fingerprint=alert.fingerprint, job=route.key, capture_id=entry.capture_id)
+        log.info("alert.capture_started", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"), job=route.key, capture_id=entry.capture_id)
         return Outcome(alert.fingerprint, alert.starts_at, "started", entry.capture_id)
+
+    def _last_capture_of(self, job_key: str) -> str | None:
+        """The id of the newest capture the gateway started for `job_key` (what a cooldown waits on)."""
+        entries = [c for c in self.ledger.captures.values() if f"{c.namespace}/{c.job_id}" == job_key]
+        return max(entries, key=lambda c: c.started_at).capture_id if entries else None
 
     async def _resolved(self, alert: Alert, route: Route) -> Outcome:
         entry = self.ledger.alerts.get(alert.key)
@@ -173,7 +181,7 @@ class Gateway:
             outcome = "unknown_capture" if exc.status == 404 else "rejected"
         entry.resolved_at = alert.ends_at
         self.ledger.save()
-        log.info("alert.resolved", fingerprint=alert.fingerprint, capture_id=entry.capture_id, outcome=outcome)
+        log.info("alert.resolved", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"), capture_id=entry.capture_id, outcome=outcome)
         return Outcome(alert.fingerprint, alert.starts_at, outcome, entry.capture_id)
 
     # --- people and scripts ------------------------------------------------------------------
@@ -181,13 +189,16 @@ class Gateway:
     async def manual(self, body: Any, namespace: str | None, pod: str | None = None) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict):
             return 400, {"error": "the body must be a capture request object", "field": ""}
+        known = sorted(self.router.routes())  # lets a client list the jobs it could have meant
         if not namespace:
-            return 400, {"error": "say which namespace: ?namespace=NS", "field": "namespace"}
+            return 400, {"error": "the gateway routes by namespace and none was given (query parameter namespace)",
+                         "field": "namespace", "known_jobs": known}
         body = dict(body)
         try:
             route = self.router.resolve(namespace, body.get("job_id"), pod)
         except Unroutable as exc:
-            return 404, {"error": str(exc), "field": "job_id"}
+            return 404, {"error": str(exc), "field": "pod" if pod and not body.get("job_id") else "job_id",
+                         "known_jobs": known}
         body["job_id"] = route.job_id
         body.setdefault("requested_by", "manual")
         body.setdefault("duration_ms", self.settings.duration_ms)
@@ -203,13 +214,18 @@ class Gateway:
         except ApiError as exc:
             return exc.status, exc.body if isinstance(exc.body, dict) else {"error": str(exc)}
         capture_id = answer.get("capture_id", body["capture_id"]) if isinstance(answer, dict) else body["capture_id"]
+        created = answer.get("created", True) if isinstance(answer, dict) else True
+        if not created and capture_id in self.ledger.captures:  # a retry: same capture, cooldown unchanged
+            log.info("manual.capture_repeated", job=route.key, capture_id=capture_id)
+            return status, {"capture_id": capture_id, "status_url": f"/v1/captures/{capture_id}", "job": route.key,
+                            "coordinator": route.url, "created": False}
         async with self._lock(route.key):
             self.ledger.started(CaptureEntry(capture_id, route.namespace, route.job_id, route.url, time.time(),
                                              {"kind": "manual", "requested_by": body["requested_by"]}))
             self.ledger.save()
         log.info("manual.capture_started", job=route.key, capture_id=capture_id, requested_by=body["requested_by"])
         return status, {"capture_id": capture_id, "status_url": f"/v1/captures/{capture_id}", "job": route.key,
-                        "coordinator": route.url}
+                        "coordinator": route.url, "created": created}
 
     async def coordinator_of(self, capture_id: str) -> str | None:
         """The coordinator that holds a capture: the ledger, else ask every explicitly routed one."""

@@ -85,26 +85,22 @@ async def test_start_exits_4_when_the_capture_cannot_run(coordinator, tmp_path):
     assert len(out.split()) == 1                                    # the capture id, and no manifest
 
 
-@pytest.mark.parametrize("args,token,expect", [
-    (["start", "--job", "train", "--wait"], "wrong", "401"),
-    (["start", "--job", "other", "--wait"], TOKEN, "serves job"),
-    (["start", "--job", "train", "--activities", "cpu_op,bogus"], TOKEN, "activities"),
-    (["start", "--job", "train", "--url", "http://127.0.0.1:9"], TOKEN, "ClientConnectorError"),
-    (["status", "c-20260101t000000-deadbeef"], TOKEN, "unknown capture"),
-    (["watch", "c-20260101t000000-deadbeef"], TOKEN, "unknown capture"),
-    (["cancel", "c-20260101t000000-deadbeef"], TOKEN, "unknown capture"),
-])
-async def test_refusals_and_unreachable_servers_exit_4_with_a_reason(coordinator, args, token, expect):
+async def test_refusals_and_unreachable_servers_exit_4_with_a_reason(coordinator):
+    """Straight to a coordinator (no gateway); the full table of mistakes is test_mistakes.py."""
     url, c, _, _ = coordinator
-    code, out, err = await cli(*args, token=token, url=url)
-    assert code == 4 and expect in err, (out, err)
+    code, out, err = await cli("start", "--job", "train", "--wait", token="wrong", url=url)
+    assert code == 4 and "refused the token" in err and "HTTP" not in err, err
+    code, out, err = await cli("start", "--job", "other", url=url)
+    assert code == 2 and "serves job 'train'" in err and "--job" in err, err
+    code, out, err = await cli("status", "c-20260101t000000-deadbeef", url=url)
+    assert code == 4 and "unknown capture" in err, err
     assert c.captures == {}
 
 
 async def test_list_cancel_and_json(coordinator):
     url, c, a, b = coordinator
-    a.outcome = b.outcome = lambda d, t: "hang"
-    code, out, _ = await cli("start", "--job", "train", "--duration-ms", "200", url=url)
+    a.outcome = b.outcome = lambda d, t: "hang"   # a long window: still running when cancel comes, even under load
+    code, out, _ = await cli("start", "--job", "train", "--duration-ms", "60000", url=url)
     cid = out.strip()
     code, out, _ = await cli("list", "--url", url)
     assert code == 0 and cid in out and "ml/train" in out
@@ -126,7 +122,9 @@ async def test_watch_prints_per_target_progress_and_exits_with_the_verdict(coord
     assert code == 0, err
     for rank in range(4):
         assert f"rank-{rank}" in out
-    assert "archived" in out and "phase converged" in out
+    # the live event line, or the snapshot's table when the capture converged before watch attached (load)
+    import re
+    assert "archived" in out and re.search(r"phase\s+converged", out), out
 
 
 from tests.gateway.conftest import GATEWAY_TOKEN, http, stack  # noqa: E402,F401  (fixtures)
@@ -141,4 +139,4 @@ async def test_through_the_gateway_with_a_namespace_and_watch(stack):
     code, out, err = await cli("watch", cid, url=stack.url, token=GATEWAY_TOKEN)
     assert code == 0 and "rank-1" in out
     code, out, err = await cli("start", "--job", "train", url=stack.url, token=GATEWAY_TOKEN)
-    assert code == 4 and "namespace" in err
+    assert code == 2 and "--namespace" in err                      # bad usage: the flag, not a query string

@@ -141,7 +141,9 @@ async def test_cancel_and_unknown_ids(api, http):
             assert r.status == 404 and (await r.json())["phase"] == "unknown", path
 
 
-async def test_a_restarted_coordinator_answers_unknown_for_ids_it_did_not_start(tmp_path, token_file):
+async def test_a_restarted_coordinator_answers_its_finished_captures_from_the_archive(tmp_path, token_file):
+    """A real process restart: what it ran before comes back from the archive (marked), not `unknown`;
+    an id it never started stays unknown. Details of the archived answer: test_archived.py."""
     write_job(tmp_path / "registry", pods={"train-0": ("node-a", 0)}, local_world_size=2)
     agent_token = tmp_path / "agent.token"
     agent_token.write_text(AGENT_TOKEN)
@@ -173,11 +175,14 @@ async def test_a_restarted_coordinator_answers_unknown_for_ids_it_did_not_start(
             await second.wait_ready(url)
             async with aiohttp.ClientSession() as http:
                 async with http.get(url + f"/v1/captures/{cid}", headers=AUTH) as r:
+                    body = await r.json()
+                    assert r.status == 200 and body["from_archive"] is True and body["phase"] == "converged", body
+                async with http.get(url + "/v1/captures/c-20260101t000000-deadbeef", headers=AUTH) as r:
                     assert r.status == 404 and (await r.json())["phase"] == "unknown"
                 async with http.get(url + "/v1/captures", headers=AUTH) as r:
-                    assert (await r.json())["captures"] == []
+                    assert [(c["capture_id"], c["from_archive"]) for c in (await r.json())["captures"]] == [(cid, True)]
         finally:
             await second.stop()
-    # what the first process kept for people, not for answers
+    # what the first process kept lists it after the restart
     assert (tmp_path / "state" / "captures" / f"{cid}.json").exists()
     assert "event=coordinator.ready" in (tmp_path / "c2.log").read_text()
