@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from . import __version__
+from .helptext import HelpFormatter
 
 __all__ = ["main", "SUBCOMMANDS"]
 
@@ -48,9 +49,28 @@ def _top_parser() -> _Parser:
     return p
 
 
+#: one example per subcommand, shown under its --help (capture and up add their own, longer ones)
+EXAMPLES: dict[str, str] = {
+    "exporter": "sudo gpulens exporter --listen 0.0.0.0:9450 --node \"$(hostname)\" --dcgm-url http://127.0.0.1:9400/metrics",
+    "agent": "gpulens agent --listen 0.0.0.0:9451 --node \"$(hostname)\" --registry-dir /var/lib/gpulens/registry "
+             "--trace-dir /var/lib/gpulens/traces --archive-root file:///archive --accepted-token-file /etc/gpulens/agent.token",
+    "coordinator": "gpulens coordinator --job train --attempt 0 --namespace ml --discovery local --registry-dir "
+                   "/var/lib/gpulens/registry --agent-url http://127.0.0.1:9451 --archive-root file:///archive "
+                   "--accepted-token-file coordinator.token --agent-token-file agent.token",
+    "gateway": "gpulens gateway --listen 0.0.0.0:9453 --accepted-token-file gateway.token --route ml/train=http://127.0.0.1:9452 "
+               "--coordinator-token-file coordinator.token",
+    "operator": "gpulens operator --config /etc/gpulens/operator.yaml",
+    "analyze": "gpulens analyze file:///archive/ml/train/0/<capture_id>/manifest.json",
+    "hook-path": "export PYTHONPATH=$(gpulens hook-path)${PYTHONPATH:+:$PYTHONPATH}",
+    "version": "gpulens version",
+}
+
+
 def build_subparser(name: str):
     module_name, help_text = SUBCOMMANDS[name]
-    parser = _Parser(prog=f"gpulens {name}", description=help_text)
+    example = EXAMPLES.get(name)
+    parser = _Parser(prog=f"gpulens {name}", description=help_text, formatter_class=HelpFormatter,
+                     epilog=f"example:\n  {example}" if example else None)
     if module_name is None:
         return parser, None
     module = importlib.import_module(module_name)

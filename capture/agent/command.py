@@ -28,7 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dynolog-addr", default="127.0.0.1:1778", metavar="HOST:PORT")
     parser.add_argument("--socket-dir", help="builtin endpoint at <dir>/dynolog; must be the trainers' "
                                              "KINETO_IPC_SOCKET_DIR, character for character (default: abstract @dynolog)")
-    parser.add_argument("--token-file", type=Path, required=True, help="bearer token for the API")
+    parser.add_argument("--accepted-token-file", "--token-file", dest="token_file", type=Path, required=True,
+                        help="file with the bearer token callers of this agent must present")
     parser.add_argument("--verify-workers", type=int, default=1, help="processes verifying traces in parallel")
     parser.add_argument("--archive-attempts", type=int, default=8, help="upload tries before archive_failed")
     parser.add_argument("--keep-local", action="store_true", help="keep trace files after they are archived")

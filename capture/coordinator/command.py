@@ -34,7 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     agent.add_argument("--agent-url-template", help="per node, e.g. 'http://{node_ip}:9451' ({node}, {node_ip})")
     a("--archive-root", required=True, help="file:///path or s3://bucket/prefix")
     a("--s3-endpoint", help="S3-compatible endpoint URL")
-    a("--token-file", type=Path, required=True, help="bearer token callers must present")
+    a("--accepted-token-file", "--token-file", dest="token_file", type=Path, required=True,
+      help="file with the bearer token callers must present (the gateway, gpulens capture)")
     a("--agent-token-file", type=Path, required=True, help="bearer token for the node agents")
     a("--grafana-url", help="Grafana base URL for capture annotations")
     a("--grafana-token-file", type=Path, help="Grafana service-account token")

@@ -22,7 +22,8 @@ log = get_logger("gateway")
 def configure(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--listen", type=_host_port, default=("127.0.0.1", 9453), metavar="HOST:PORT", help="default 127.0.0.1:9453")
-    a("--token-file", type=Path, required=True, help="bearer token Alertmanager and people present")
+    a("--accepted-token-file", "--token-file", dest="token_file", type=Path, required=True,
+      help="file with the bearer token Alertmanager and people must present")
     a("--basic-auth-file", type=Path, help="'user:password' lines also accepted (Alertmanager basic_auth)")
     a("--route", action="append", default=[], metavar="NAMESPACE/JOB=URL", help="a job's coordinator (repeatable)")
     a("--routes-file", type=Path, help="JSON routes kept up to date by someone else (gpulens up)")

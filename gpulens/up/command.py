@@ -16,33 +16,49 @@ import signal
 import sys
 from pathlib import Path
 
+from gpulens.helptext import HelpFormatter
+
 __all__ = ["configure", "run"]
 
 INCIDENTS = ("host_sync", "noisy_neighbor", "input_starvation")
 
 
+EPILOG = """examples:
+  gpulens up --demo --incident host_sync          # the whole loop: an alert, a capture, a report in ~2.5 min
+  gpulens up --demo --exit-after-s 120            # a scripted run that stops by itself
+  gpulens up --work-dir /srv/gpulens --port-base 19450 --grafana-url http://grafana:3000
+
+old spellings kept as aliases for one release: --workdir, --exit-after, --incident-after, --status-interval"""
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", type=Path, default=Path(".gpulens"),
-                        help="where registry, traces, archive, logs and generated configs live (default: ./.gpulens)")
+    parser.epilog, parser.formatter_class = EPILOG, HelpFormatter
+    parser.add_argument("--work-dir", "--workdir", dest="workdir", type=Path, default=Path(".gpulens"),
+                        help="where registry, traces, archive, logs and generated configs live")
     parser.add_argument("--port-base", type=int, default=9450,
                         help="first port; exporter +0, agent +1, gateway +3, page +5, Prometheus +10, "
-                             "Alertmanager +11, coordinators +20.. (default 9450)")
+                             "Alertmanager +11, coordinators +20..")
     parser.add_argument("--demo", action="store_true",
                         help="also run a sample trainer (torchrun, 2 ranks, PyTorch CPU) armed by the hook")
-    parser.add_argument("--incident", choices=INCIDENTS, help="induce this incident in the demo after --incident-after")
-    parser.add_argument("--incident-after", type=float, default=100.0, metavar="S",
-                        help="seconds of normal training before the incident (the rules need a baseline first)")
+    parser.add_argument("--incident", choices=INCIDENTS, help="induce this incident in the demo after --incident-after-s")
+    parser.add_argument("--incident-after-s", "--incident-after", dest="incident_after", type=float, default=100.0,
+                        metavar="S", help="seconds of normal training before the incident (the rules need a baseline)")
     parser.add_argument("--time-scale", type=float, default=1 / 30,
                         help="alert-rule windows are multiplied by this (1/30: 30 minutes of baseline become 60 s)")
-    parser.add_argument("--grafana-url", help="post capture annotations to this Grafana (token: --grafana-token-file)")
-    parser.add_argument("--grafana-token-file", type=Path)
+    parser.add_argument("--grafana-url", help="post capture annotations to this Grafana and link its dashboards from "
+                                              "alerts (default: none; annotations on the captures page)")
+    parser.add_argument("--grafana-token-file", type=Path, help="file with the Grafana API token (with --grafana-url)")
     parser.add_argument("--trigger", default="auto", choices=["auto", "builtin", "dynolog"],
                         help="how the agent reaches Kineto: a dynolog daemon if one answers, else its own IPC endpoint")
-    parser.add_argument("--dynolog-addr", default="127.0.0.1:1778")
+    parser.add_argument("--dynolog-addr", default="127.0.0.1:1778",
+                        help="HOST:PORT of a dynolog daemon (used by --trigger auto|dynolog)")
     parser.add_argument("--no-prometheus", action="store_true", help="don't start Prometheus and Alertmanager")
-    parser.add_argument("--exit-after", type=float, metavar="S", help="stop by itself after S seconds (for scripts)")
-    parser.add_argument("--status-interval", type=float, default=5.0, metavar="S")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--exit-after-s", "--exit-after", dest="exit_after", type=float, metavar="S",
+                        help="stop by itself after S seconds (for scripts; default: run until Ctrl-C)")
+    parser.add_argument("--status-interval-s", "--status-interval", dest="status_interval", type=float, default=5.0,
+                        metavar="S", help="how often the status lines are refreshed")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="log level of gpulens up itself (children log to their files)")
 
 
 def run(args: argparse.Namespace) -> int:
