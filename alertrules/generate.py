@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runbook-base-url", default=manifest.DEFAULT_RUNBOOK_BASE_URL,
                    help="where docs/runbooks/ is served (runbook_url = BASE/<diagnosis>.md)")
-    p.add_argument("--grafana-url", default=manifest.DEFAULT_GRAFANA_URL, help="Grafana base URL for dashboard_url")
+    p.add_argument("--grafana-url", default=manifest.DEFAULT_GRAFANA_URL, help="Grafana base URL for dashboard_url (\"\": no Grafana, no dashboard_url)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply every window, offset and for: by this (demo: 0.0333)")
     p.add_argument("--name", default="gpulens", help="metadata.name of the PrometheusRule")

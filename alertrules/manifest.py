@@ -62,14 +62,19 @@ def _map_annotations(groups: Groups, fn) -> Groups:
 
 def rebase_links(groups: Groups, *, runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL,
                  grafana_url: str = DEFAULT_GRAFANA_URL) -> Groups:
-    """Point `runbook_url` and `dashboard_url` at this installation's docs and Grafana."""
+    """Point `runbook_url` and `dashboard_url` at this installation's docs and Grafana; an empty
+    `grafana_url` (no Grafana) drops `dashboard_url`, so no alert carries a link that cannot open."""
     def fix(key: str, value: str) -> str:
         if key == "runbook_url" and value.startswith(DEFAULT_RUNBOOK_BASE_URL + "/"):
             return runbook_base_url.rstrip("/") + value[len(DEFAULT_RUNBOOK_BASE_URL):]
         if key == "dashboard_url" and value.startswith(DEFAULT_GRAFANA_URL + "/"):
             return grafana_url.rstrip("/") + value[len(DEFAULT_GRAFANA_URL):]
         return value
-    return _map_annotations(groups, fix)
+    groups = _map_annotations(groups, fix)
+    if not grafana_url:
+        for r in (r for g in groups for r in g["rules"]):
+            r.get("annotations", {}).pop("dashboard_url", None)
+    return groups
 
 
 def scale_durations(groups: Groups, factor: float) -> Groups:

@@ -62,11 +62,12 @@ class LocalOperator:
                 continue
             # a newer attempt of the same job replaces the route (the old coordinator stays for its captures)
             spec = self.runner.coordinator_spec(namespace, job, attempt, index=len(self.coordinators))
-            await self.runner.sup.start(spec)
+            child = await self.runner.sup.start(spec)
             self.coordinators[key] = spec.url
             changed = True
             log.info("coordinator.started", namespace=namespace, job_id=job, attempt=attempt, url=spec.url)
-            self.runner.say(f"gpulens up: job {namespace}/{job} attempt {attempt} registered: coordinator at {spec.url}")
+            self.runner.say(f"gpulens up: job {namespace}/{job} attempt {attempt} registered: coordinator at {spec.url} "
+                            f"(pid {child.pid}, log {child.log_path})")
         if changed:
             self.write_routes()
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gpulens.logs import get_logger
@@ -42,7 +44,7 @@ class Runner:
         self.out = out or sys.stdout
         self.layout = Layout.create(args.workdir)
         self.ports = Ports(args.port_base)
-        self.sup = Supervisor(self.layout.logs)
+        self.sup = Supervisor(self.layout.logs, announce=self.announce)
         self.node = socket.gethostname()
         self.cli = [sys.executable, "-m", "gpulens.cli"]
         self.urls: dict[str, str] = {}
@@ -53,6 +55,10 @@ class Runner:
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+    def announce(self, text: str) -> None:
+        """An event line (timestamped), as opposed to the start-up block."""
+        self.say(f"[{time.strftime('%H:%M:%S')}] {text}")
 
     # --- the tree -------------------------------------------------------------------------
 
@@ -89,8 +95,10 @@ class Runner:
             if self.page:
                 await self.page.stop()
             removed = self._remove_stale_registrations()
+            sockets = self._remove_socket_dir()
             self.say(f"gpulens up: stopped {len(self.sup.children)} processes"
                      + (f", removed {removed} registration records" if removed else "")
+                     + (f", removed {sockets} Kineto socket folders" if sockets else "")
                      + f"; archive kept at {self.layout.archive_dir}")
         return rc
 
@@ -150,9 +158,11 @@ class Runner:
                      "no alerts, captures only on request")
             return
         rules_dir = L.state / "rules"
+        # runbook links open on the captures page; dashboard links only where a Grafana is configured
         gen = subprocess.run([sys.executable, "-m", "alertrules.generate", "--time-scale", str(self.args.time_scale),
                               "--rules-out", str(rules_dir), "--manifest-out", str(L.state / "prometheusrule.yaml"),
-                              "--grafana-url", self.args.grafana_url or f"http://127.0.0.1:{P.ui}"],
+                              "--runbook-base-url", f"http://127.0.0.1:{P.ui}/runbooks",
+                              "--grafana-url", self.args.grafana_url or ""],
                              cwd=repo_root(), capture_output=True, text=True)
         if gen.returncode != 0:
             raise RuntimeError(f"generating alert rules failed: {gen.stderr.strip()[-500:]}")
@@ -180,9 +190,9 @@ class Runner:
             PYTHONPATH=str(hook_path()), GPULENS_JOB_ID="demo", GPULENS_ATTEMPT="0", GPULENS_NAMESPACE="demo",
             GPULENS_POD_NAME="demo-trainer-0", GPULENS_REGISTRY_DIR=str(L.registry), GPULENS_TRACE_DIR=str(L.traces),
             GPULENS_SOCKET_DIR=str(L.socket_dir), GPULENS_STUB_STATE_DIR=str(L.stub_state), OMP_NUM_THREADS="1")
-        torchrun = str(Path(sys.executable).parent / "torchrun")
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]   # what the torchrun script runs, venv or not
         await self.sup.start(ChildSpec(
-            "demo-trainer", [torchrun, "--nproc-per-node=2", f"--master-port={_free_port()}", "-m",
+            "demo-trainer", [*torchrun, "--nproc-per-node=2", f"--master-port={_free_port()}", "-m",
                              "gpulens.up.demo_trainer", "--libcuda", str(self.stub.libcuda),
                              "--control", str(L.incident_file)],
             env=env, restart=False))
@@ -205,11 +215,19 @@ class Runner:
         P = self.ports
         rows = [("metrics (exporter)", f"http://127.0.0.1:{P.exporter}/metrics"),
                 ("node agent", f"http://127.0.0.1:{P.agent}/healthz"),
-                ("gateway (Alertmanager webhook)", f"http://127.0.0.1:{P.gateway}/v1/alertmanager")]
+                ("gateway (webhook: POST /v1/alertmanager)", f"http://127.0.0.1:{P.gateway}/healthz")]
         if "prometheus" in self.sup.children:
-            rows += [("Prometheus", f"http://127.0.0.1:{P.prometheus}/alerts"),
+            # Debian's Prometheus 2.42 serves its classic UI only: /alerts is a 404 there
+            rows += [("Prometheus alerts", f"http://127.0.0.1:{P.prometheus}/classic/alerts"),
                      ("Alertmanager", f"http://127.0.0.1:{P.alertmanager}/")]
         rows.append(("captures, reports, annotations", f"http://127.0.0.1:{P.ui}/"))
+        rows.append(("runbooks (alerts link here)", f"http://127.0.0.1:{P.ui}/runbooks/"))
+        self.urls.update(rows)                       # the captures page lists them too
+        self.say("gpulens up: processes:")
+        self.say(f"  {'process':<28} {'pid':>7}  log")
+        self.say(f"  {'gpulens up (captures page)':<28} {os.getpid():>7}  (this terminal)")
+        for name, child in self.sup.children.items():
+            self.say(f"  {name:<28} {str(child.pid or '-'):>7}  {child.log_path}")
         width = max(len(r[0]) for r in rows)
         self.say("gpulens up: ready. Open:")
         for name, url in rows:
@@ -221,6 +239,17 @@ class Runner:
         self.say(f"  arm a trainer of your own:  PYTHONPATH={hook_path()} GPULENS_JOB_ID=<job> "
                  f"GPULENS_REGISTRY_DIR={L.registry} GPULENS_SOCKET_DIR={L.socket_dir} GPULENS_TRACE_DIR={L.traces}")
         self.say("  Ctrl-C stops everything.")
+
+    def _remove_socket_dir(self) -> int:
+        """Kineto leaves a `dynoconfigclient<uuid>` folder per worker in the socket dir; every process
+        is stopped by now, so the whole (derived, per-workdir) folder goes."""
+        folder = self.layout.socket_dir
+        try:
+            count = sum(1 for p in folder.iterdir() if p.name.startswith("dynoconfigclient"))
+        except OSError:
+            return 0
+        shutil.rmtree(folder, ignore_errors=True)
+        return count
 
     def _remove_stale_registrations(self) -> int:
         """Records whose process is gone (a SIGTERMed worker has no atexit) would mislead the next run."""

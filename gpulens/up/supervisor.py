@@ -68,10 +68,13 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path):
+    """`announce(text)` is told, in words, about every crash and restart (`gpulens up` prints it)."""
+
+    def __init__(self, log_dir: Path, announce: Callable[[str], None] | None = None):
         self.log_dir = log_dir
         self.children: dict[str, Child] = {}
         self._stopping = False
+        self._announce = announce or (lambda text: None)
         log_dir.mkdir(parents=True, exist_ok=True)
 
     async def start(self, spec: ChildSpec) -> Child:
@@ -117,13 +120,19 @@ class Supervisor:
             child.state = "exited"
             delay = min(2 ** child.restarts, 10)
             log.warning("child.restarting", child=spec.name, exit_code=code, restart=child.restarts, delay_s=delay)
+            self._announce(f"process {spec.name} (pid {child.pid}) exited with code {code}; restarting in {delay} s "
+                           f"(restart {child.restarts} of {spec.max_restarts}); log: {child.log_path}")
             await asyncio.sleep(delay)
             if not self._stopping:
                 await self._spawn(child)
+                self._announce(f"process {spec.name} restarted: pid {child.pid}; log: {child.log_path}")
                 child.state = "ready" if spec.ready is None or await spec.ready() else "starting"
         else:
             child.state = "exited" if code == 0 else "failed"
             log.warning("child.exited", child=spec.name, exit_code=code, restarts=child.restarts)
+            left = "no restarts left" if spec.restart else "not restarted"
+            self._announce(f"process {spec.name} (pid {child.pid}) exited with code {code} ({left}); "
+                           f"log: {child.log_path}")
 
     async def stop_child(self, name: str, timeout_s: float = 10.0) -> None:
         child = self.children.get(name)

@@ -35,6 +35,7 @@ class FakeSupervisor:
 
     async def start(self, spec: ChildSpec):
         self.started.append(spec.name)
+        return SimpleNamespace(pid=4242, log_path=Path("/logs") / f"{spec.name}.log")  # what Supervisor.start returns
 
 
 def fake_runner(tmp_path: Path):
