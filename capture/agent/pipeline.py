@@ -207,7 +207,7 @@ class Pipeline:
                 return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
             if time.time() >= spec.deadline:
                 return self._fail(rec, R.TRACE_TIMEOUT, f"queued at {_iso(rec.queued_at)}, but no {rec.watch_path} "
-                                                        f"by the deadline {_iso(spec.deadline)}")
+                                                        f"by the deadline {_iso(spec.deadline)}; {_timeout_hint(rec)}")
             if host_pid and not self._alive(rec):
                 found = await self.observer.wait_for(rec.watch_path, self.s.liveness_interval_s)  # a last look
                 if found is None:
@@ -285,3 +285,15 @@ def _iso(t: float | None) -> str:
     if t is None:
         return "?"
     return time.strftime("%H:%M:%S", time.gmtime(t)) + "Z"
+
+
+def _timeout_hint(rec: TargetRecord) -> str:
+    """What to check next: Kineto reports its own refusals (e.g. "insufficient time for warmup")
+    only in the trainer's log, never back over IPC or to dynolog."""
+    pid = (rec.worker or {}).get("pid", "?")
+    if rec.backend == "builtin" and rec.delivered_at is None:
+        return (f"Kineto in pid {pid} never fetched the config (is the trainer armed with KINETO_USE_DAEMON=1 and "
+                "KINETO_IPC_SOCKET_DIR = the agent's --socket-dir?)")
+    fetched = f"Kineto fetched the config at {_iso(rec.delivered_at)} but " if rec.delivered_at else ""
+    return (f"{fetched}wrote no trace: look for Kineto's own refusal (e.g. 'insufficient time for warmup') "
+            f"in the trainer's log for pid {pid}")

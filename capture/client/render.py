@@ -27,6 +27,14 @@ def verdict(status: dict[str, Any]) -> tuple[int, str]:
     return EXIT_COULD_NOT_RUN, f"not finished (phase {phase})"
 
 
+#: wire state -> what a person reads; `queued_by_dynolog` also covers the builtin endpoint's slot
+_SHOWN = {"queued_by_dynolog": "queued"}
+
+
+def _state(name: object) -> str:
+    return _SHOWN.get(str(name), str(name))
+
+
 def _when(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
 
@@ -59,12 +67,12 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"annotation {annotation.get('state')} ({annotation.get('sink')})"
                      + (f": {annotation['error']}" if annotation.get("error") else ""))
     counts = status.get("counts") or {}
-    lines.append("targets   " + (", ".join(f"{k} {v}" for k, v in counts.items()) or "none yet"))
+    lines.append("targets   " + (", ".join(f"{_state(k)} {v}" for k, v in counts.items()) or "none yet"))
     targets = status.get("targets") or []
     if targets:
         lines.append(f"  {'target':<10} {'pod':<24} {'node':<16} state")
         for t in targets:
-            state = t["state"] + (f"({t['reason']})" if t.get("reason") else "")
+            state = _state(t["state"]) + (f"({t['reason']})" if t.get("reason") else "")
             detail = f"  {t['detail']}" if t.get("detail") and t["state"] == "failed" else ""
             lines.append(f"  {t['target_id']:<10} {str(t.get('pod') or '-'):<24} {str(t.get('node') or '-'):<16} "
                          f"{state}{detail}")
@@ -77,7 +85,7 @@ def format_event(event: dict[str, Any]) -> str | None:
     if kind == "target":
         reason = f"({event['reason']})" if event.get("reason") else ""
         detail = f"  {event['detail']}" if event.get("detail") and event.get("state") == "failed" else ""
-        return f"{at} {event.get('target_id'):<10} {event.get('state')}{reason}{detail}"
+        return f"{at} {event.get('target_id'):<10} {_state(event.get('state'))}{reason}{detail}"
     if kind == "phase":
         return f"{at} phase {event.get('phase')}" + (f": {event['error']}" if event.get("error") else "")
     if kind in ("cancel", "analysis", "alert_resolved"):

@@ -9,7 +9,8 @@ ACTIVITIES_LOG_FILE, writes the trace to `<final>.tmp` and renames it over `<fin
 Kineto's top-level keys, REQUEST_TRACE_ID as `trace_id`, and the requested activity types
 (python_function only with PROFILE_WITH_STACK). `mode` makes it misbehave on purpose:
 `truncate` (a torn write renamed into place), `ignore_types` (Kineto's default set instead of
-ACTIVITY_TYPES).
+ACTIVITY_TYPES), `refuse` (fetches the config, then drops it as Kineto does on "insufficient time
+for warmup": no trace, back to idle polls, the reason only in its own log).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class FakeKineto(threading.Thread):
 
     def _trace(self, cfg: dict[str, str]) -> None:
         try:
+            if self.mode == "refuse":
+                return
             time.sleep(self.trace_delay_s)
             start = time.time()
             duration = int(cfg.get("ACTIVITIES_DURATION_MSECS", "500")) / 1000
