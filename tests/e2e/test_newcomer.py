@@ -112,9 +112,14 @@ def test_a_newcomer_follows_only_what_up_prints(tmp_path, up_env):
         assert status == 200 and b"<html" in body.lower()[:2000]
         token = ["--token-file", argv[argv.index("--token-file") + 1]]
         url = ["--url", argv[argv.index("--url") + 1]]
-        shown = run([sys.executable, "-m", "gpulens.cli", "capture", "status", cid, *url, *token], env)
-        assert shown.returncode == 0 and report in shown.stdout and "file://" not in shown.stdout.split("report")[-1], \
-            shown.stdout
+        deadline = time.monotonic() + 180        # the report file lands before the analysis process returns
+        while True:
+            shown = run([sys.executable, "-m", "gpulens.cli", "capture", "status", cid, *url, *token], env)
+            assert shown.returncode == 0, shown.stderr
+            if "analysis  running" not in shown.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert report in shown.stdout and "file://" not in shown.stdout.split("analysis")[-1], shown.stdout
 
         # 6. every link the loaded alert rules carry opens; none points at a Grafana that is not there
         prom = next(u for u in links if u.endswith("/classic/alerts")).removesuffix("/classic/alerts")
