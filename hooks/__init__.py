@@ -17,7 +17,13 @@ def hook_path() -> Path:
 
 def load_hook_module() -> ModuleType:
     """The arming module (`_gpulens_hook`), for tests and for the agent's file-name rules."""
+    import sys
+
     spec = importlib.util.spec_from_file_location("_gpulens_hook", hook_path() / "_gpulens_hook.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    sys.path.insert(0, str(hook_path()))  # its sibling modules, as sitecustomize finds them
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    finally:
+        sys.path.remove(str(hook_path()))
     return module

@@ -20,6 +20,7 @@ from gpulens.logs import get_logger
 
 from .. import limits, schemas, web_json
 from .service import Agent, DispatchRefused
+from .store import StoreWriteFailed
 
 __all__ = ["make_app", "MAX_BODY_BYTES"]
 
@@ -85,6 +86,8 @@ async def put_target(request: web.Request) -> web.Response:
         return _error(400, str(exc), exc.field)
     except DispatchRefused as exc:
         return _error(400, str(exc), exc.field)
+    except StoreWriteFailed as exc:  # not the request's fault: the coordinator retries the dispatch
+        return _error(503, f"target not accepted: the agent cannot persist it ({exc})")
     return web.json_response(status.to_dict(), status=202 if created else 200)
 
 

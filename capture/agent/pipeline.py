@@ -5,6 +5,10 @@ unfinished target where it stood. The order on the node is fixed: nothing is ver
 file exists, nothing archived before it verified, nothing reported archived before the store
 confirmed, and no local byte is deleted before that report is on disk. Every way out is a
 terminal state with a reason and a detail a person can act on.
+
+A state the disk refused (full, read-only) is not shown and not acted on: the same state is
+written again with backoff until it lands, and only then does the target move on. So a final
+status is never reported before it is on disk, and a restart resumes from what was reported.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from ..dynolog import ConfigError, PidOutcome, TraceConfig, TriggerFailed, build
 from ..models import Artifact, FailureReason, TargetState
 from .observation import Observer
 from .registry import Worker, WorkerRegistry
-from .store import StatusStore, TargetRecord
+from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
 from .triggers import Trigger
 from .verification import Expectation, verify_trace
 
@@ -48,6 +52,7 @@ class PipelineSettings:
     clock_slack_s: float = 5.0           # tolerated skew when placing events in the window
     liveness_interval_s: float = 2.0
     keep_local: bool = False
+    persist_retry_s: tuple[float, float] = (0.5, 30.0)  # first and longest pause between writes of a state
     archive_policy: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -70,26 +75,68 @@ class Pipeline:
 
     async def run(self, rec: TargetRecord) -> None:
         log = _log.bind(capture_id=rec.capture_id, target_id=rec.target_id)
-        try:
-            while not rec.status.terminal:
-                state = rec.status.state
-                if rec.cancelled and state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
-                    self._fail(rec, R.CANCELLED, "cancelled before the config was queued")
-                elif state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
-                    await self._trigger(rec, log)
-                elif state is S.QUEUED_BY_DYNOLOG:
-                    await self._observe(rec, log)
-                elif state is S.TRACE_OBSERVED:
-                    await self._verify(rec, log)
-                elif state is S.VERIFIED:
-                    await self._archive(rec, log)
-                else:  # pragma: no cover - every state is handled above
-                    self._fail(rec, R.INTERNAL_ERROR, f"no step for state {state.value}")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a bug must end as a visible failure, not a stuck target
-            log.error("target.internal_error", exc_info=True)
-            self._fail(rec, R.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        while True:
+            try:
+                await self._steps(rec)
+                break
+            except asyncio.CancelledError:
+                raise
+            except StoreWriteFailed as exc:
+                await self._persist(rec, log, exc)   # then carry on from the state that is now on disk
+            except FinalStatusConflict as exc:
+                log.error("target.final_status_conflict", error=str(exc))
+                break
+            except Exception as exc:  # noqa: BLE001 - a bug must end as a visible failure, not a stuck target
+                log.error("target.internal_error", exc_info=True)
+                published = self.store.status(rec.capture_id, rec.target_id)
+                if published is not None and published.terminal:
+                    break  # its final status is on disk already; never a second one
+                rec.fail(R.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+                await self._persist(rec, log, None)
+                break
+        if rec.status.state is S.ARCHIVED and not self.s.keep_local:
+            self._drop_local(rec)
+
+    async def _steps(self, rec: TargetRecord) -> None:
+        log = _log.bind(capture_id=rec.capture_id, target_id=rec.target_id)
+        while not rec.status.terminal:
+            state = rec.status.state
+            if rec.cancelled and state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
+                self._fail(rec, R.CANCELLED, "cancelled before the config was queued")
+            elif state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
+                await self._trigger(rec, log)
+            elif state is S.QUEUED_BY_DYNOLOG:
+                await self._observe(rec, log)
+            elif state is S.TRACE_OBSERVED:
+                await self._verify(rec, log)
+            elif state is S.VERIFIED:
+                await self._archive(rec, log)
+            else:  # pragma: no cover - every state is handled above
+                self._fail(rec, R.INTERNAL_ERROR, f"no step for state {state.value}")
+
+    async def _persist(self, rec: TargetRecord, log, first: StoreWriteFailed | None) -> None:
+        """Write `rec` until the disk takes it (backoff; logged on the first failure and every tenth)."""
+        pause, longest = self.s.persist_retry_s
+        failures = 0 if first is None else 1
+        if first is not None:
+            log.error("store.write_failed", state=rec.status.state.value, attempt=1, error=str(first)[:300])
+        while True:
+            if failures:
+                await asyncio.sleep(pause)
+                pause = min(longest, pause * 2)
+            try:
+                self.store.put(rec)
+            except StoreWriteFailed as exc:
+                failures += 1
+                if failures == 1 or failures % 10 == 0:
+                    log.error("store.write_failed", state=rec.status.state.value, attempt=failures, error=str(exc)[:300])
+                continue
+            except FinalStatusConflict as exc:
+                log.error("target.final_status_conflict", error=str(exc))
+                return
+            if failures:
+                log.info("store.write_recovered", state=rec.status.state.value, attempts=failures + 1)
+            return
 
     def _save(self, rec: TargetRecord) -> None:
         self.store.put(rec)
@@ -260,7 +307,10 @@ class Pipeline:
         def retrying(attempt: int, exc: ArchiveError, pause: float) -> None:
             rec.status.detail = f"archive attempt {attempt} failed ({exc}); retrying in {pause:.1f} s"
             rec.status.updated_at = time.time()
-            self._save(rec)
+            try:
+                self._save(rec)
+            except StoreWriteFailed:
+                pass  # only a progress note; the next state change is written (and retried) in full
             log.warning("archive.retry", attempt=attempt, error=str(exc)[:300])
 
         try:
@@ -272,13 +322,15 @@ class Pipeline:
             node=self.s.node, pod=str(worker.get("pod", spec.pod or "")), pid=int(worker["pid"]),
             attempt=spec.attempt, uri=uri, size=int(verdict["size"]), sha256=verdict["sha256"],
             trace_id=rec.trace_id, event_count=verdict.get("event_count"))
-        self._set(rec, S.ARCHIVED, f"archived to {uri}")
-        if not self.s.keep_local:
-            try:
-                path.unlink()
-                path.parent.rmdir()  # only succeeds once the capture's folder is empty
-            except OSError:
-                pass
+        self._set(rec, S.ARCHIVED, f"archived to {uri}")  # the local copy goes only once this is on disk (run)
+
+    def _drop_local(self, rec: TargetRecord) -> None:
+        path = Path(rec.watch_path or "")
+        try:
+            path.unlink()
+            path.parent.rmdir()  # only succeeds once the capture's folder is empty
+        except OSError:
+            pass
 
 
 def _iso(t: float | None) -> str:

@@ -21,7 +21,7 @@ from ..dynolog import ConfigError, Delivery, TraceConfig, build_config, log_file
 from ..models import Dispatch, TargetState, TargetStatus
 from .pipeline import Pipeline
 from .registry import Worker, WorkerRegistry
-from .store import CAPTURE_ID_RE, TARGET_ID_RE, StatusStore, TargetRecord
+from .store import CAPTURE_ID_RE, TARGET_ID_RE, StatusStore, StoreWriteFailed, TargetRecord
 
 __all__ = ["Agent", "DispatchRefused"]
 
@@ -63,7 +63,7 @@ class Agent:
                 # The builtin slot lived in the previous process; Kineto never fetched it. Queue again
                 # (at-least-once: a duplicate trace is acceptable, a missed one is not).
                 rec.set_state(TargetState.DISPATCHED, "agent restarted before Kineto fetched the config; queueing again")
-                self.store.put(rec)
+                self._try_put(rec, "target.requeue_not_persisted")  # the pipeline's next write carries it
             self._spawn(rec)
             resumed += 1
         _log.info("agent.resumed", targets=resumed)
@@ -96,7 +96,8 @@ class Agent:
         for rec in self.store.all():
             by_capture.setdefault(rec.capture_id, []).append(rec)
         for capture_id, recs in by_capture.items():
-            if all(r.status.terminal and r.status.updated_at < cutoff for r in recs):
+            published = [self.store.status(capture_id, r.target_id) for r in recs]
+            if all(p is not None and p.terminal and p.updated_at < cutoff for p in published):
                 self.store.forget(capture_id)
                 _log.info("store.capture_forgotten", capture_id=capture_id)
 
@@ -109,9 +110,9 @@ class Agent:
         if not TARGET_ID_RE.fullmatch(target_id):
             raise DispatchRefused("target_id", f"target id {target_id!r} does not match {TARGET_ID_RE.pattern}")
         spec = Dispatch.from_dict(body)  # raises schemas.SchemaError naming the field
-        existing = self.store.get(capture_id, target_id)
+        existing = self.store.status(capture_id, target_id)
         if existing is not None:
-            return existing.status, False
+            return existing, False
         if not under_prefix(self.archive_root, spec.archive_prefix):
             raise DispatchRefused("archive_prefix", f"{spec.archive_prefix} is outside this agent's archive root "
                                                     f"{self.archive_root}")
@@ -123,14 +124,14 @@ class Agent:
         except ConfigError as exc:
             raise DispatchRefused(exc.field, str(exc)) from exc
         rec = TargetRecord(capture_id, target_id, dict(body), TargetStatus(target_id))
-        self.store.put(rec)
+        self.store.put(rec)  # StoreWriteFailed: not accepted (the API answers 503), nothing kept
         _log.info("target.accepted", capture_id=capture_id, target_id=target_id, rank=spec.rank, job_id=spec.job_id)
         self._spawn(rec)
-        return rec.status, True
+        return self.store.status(capture_id, target_id), True
 
     def capture(self, capture_id: str) -> list[TargetStatus] | None:
-        recs = self.store.capture(capture_id)
-        return [r.status for r in recs] if recs else None
+        """The statuses on disk (never one still only in memory)."""
+        return self.store.statuses(capture_id) or None
 
     def cancel(self, capture_id: str) -> bool:
         """Mark every unfinished target cancelled; each one's task ends it `failed(cancelled)` at its
@@ -140,8 +141,8 @@ class Agent:
         for rec in recs:
             if rec.status.terminal or rec.cancelled:
                 continue
-            rec.cancelled = True
-            self.store.put(rec)
+            rec.cancelled = True  # acted on from memory at once; the pipeline's next write persists it
+            self._try_put(rec, "target.cancel_not_persisted")
             _log.info("target.cancel_requested", capture_id=capture_id, target_id=rec.target_id,
                       state=rec.status.state.value)
         return bool(recs)
@@ -157,5 +158,12 @@ class Agent:
                 rec.delivered_at = delivery.at
                 rec.status.detail = (rec.status.detail or "") + f"; Kineto fetched the config at {delivery.at:.3f}"
                 rec.status.updated_at = time.time()
-                self.store.put(rec)
+                self._try_put(rec, "target.delivery_not_persisted")
                 return
+
+    def _try_put(self, rec: TargetRecord, event: str) -> None:
+        """A write whose content the pipeline's next (retried) write also carries."""
+        try:
+            self.store.put(rec)
+        except StoreWriteFailed as exc:
+            _log.error(event, capture_id=rec.capture_id, target_id=rec.target_id, error=str(exc)[:300])

@@ -5,10 +5,18 @@ replaced atomically (temp file, fsync, rename, fsync of the directory) on every 
 crash leaves either the old or the new fact, never half of one. Besides the public `TargetStatus`
 the file keeps what the agent needs to resume: the dispatch, the worker it resolved, the log file
 it asked for, the trace id, and the verdict.
+
+What the API shows is what is on disk: `status()`/`statuses()` answer the last status that was
+written, never a newer one still in memory. A write that fails (full disk, read-only folder)
+raises `StoreWriteFailed`, leaves no temp file, publishes nothing; the pipeline retries it. A
+target whose final status is on disk never gets a different one (`FinalStatusConflict`). A file
+that is not a target record of the folder and name it sits under is moved aside at start-up
+(capture.statefiles).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -22,8 +30,9 @@ from gpulens.logs import get_logger
 
 from .. import limits
 from ..models import Dispatch, FailureReason, TargetState, TargetStatus
+from ..statefiles import load_or_move_aside
 
-__all__ = ["TargetRecord", "StatusStore", "CAPTURE_ID_RE", "TARGET_ID_RE"]
+__all__ = ["TargetRecord", "StatusStore", "StoreWriteFailed", "FinalStatusConflict", "CAPTURE_ID_RE", "TARGET_ID_RE"]
 
 _log = get_logger("agent")
 
@@ -79,28 +88,44 @@ class TargetRecord:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+class StoreWriteFailed(OSError):
+    """A state change did not reach the disk; nothing of it was published or left behind."""
+
+
+class FinalStatusConflict(RuntimeError):
+    """A target whose final status is on disk was about to get a different one."""
+
+
 class StatusStore:
     def __init__(self, state_dir: Path):
         self.root = Path(state_dir) / "captures"
         self.root.mkdir(parents=True, exist_ok=True)
         self._records: dict[tuple[str, str], TargetRecord] = {}
+        self._published: dict[tuple[str, str], TargetStatus] = {}
 
     def load(self) -> list[TargetRecord]:
-        """Read every persisted target (at start-up); unreadable files are logged and skipped."""
+        """Read every persisted target (at start-up); a file that is not one is moved aside."""
         for cap in sorted(self.root.iterdir()):
             if not cap.is_dir() or not CAPTURE_ID_RE.fullmatch(cap.name):
                 continue
             for f in sorted(cap.glob("*.json")):
-                try:
-                    rec = TargetRecord.from_dict(limits.load_file(f, limits.STATE_FILE))
-                except Exception as exc:  # noqa: BLE001 - one bad file must not stop the agent
-                    _log.error("store.unreadable", file=str(f), error=str(exc)[:300])
-                    continue
-                self._records[rec.key] = rec
+                rec = load_or_move_aside(f, lambda doc, f=f: _parse_record(doc, f.parent.name, f.stem),
+                                         component="agent", limit=limits.STATE_FILE, context={"capture_id": cap.name})
+                if rec is not None:
+                    self._records[rec.key] = rec
+                    self._published[rec.key] = copy.deepcopy(rec.status)
         return list(self._records.values())
 
     def get(self, capture_id: str, target_id: str) -> TargetRecord | None:
+        """The working record (what the pipeline acts on), which may be ahead of the disk."""
         return self._records.get((capture_id, target_id))
+
+    def status(self, capture_id: str, target_id: str) -> TargetStatus | None:
+        """The status last written to disk: the only one anybody outside the agent sees."""
+        return self._published.get((capture_id, target_id))
+
+    def statuses(self, capture_id: str) -> list[TargetStatus]:
+        return [s for (c, t), s in sorted(self._published.items()) if c == capture_id]
 
     def capture(self, capture_id: str) -> list[TargetRecord]:
         return sorted((r for (c, _), r in self._records.items() if c == capture_id), key=lambda r: r.target_id)
@@ -112,24 +137,49 @@ class StatusStore:
         """Drop a capture's facts from memory and disk (retention)."""
         for key in [k for k in self._records if k[0] == capture_id]:
             del self._records[key]
+            self._published.pop(key, None)
         shutil.rmtree(self.root / capture_id, ignore_errors=True)
 
     def put(self, rec: TargetRecord) -> None:
-        """Persist `rec` (atomically) and keep it in memory."""
+        """Persist `rec` atomically, then publish its status; StoreWriteFailed when the disk refused."""
         if not (CAPTURE_ID_RE.fullmatch(rec.capture_id) and TARGET_ID_RE.fullmatch(rec.target_id)):
             raise ValueError(f"unsafe ids {rec.key!r}")
+        final = self._published.get(rec.key)
+        if final is not None and final.terminal and (final.state, final.reason) != (rec.status.state, rec.status.reason):
+            raise FinalStatusConflict(f"{rec.key!r} already ended {final.state.value}"
+                                      f"{f'({final.reason.value})' if final.reason else ''}; "
+                                      f"refusing {rec.status.state.value}")
         directory = self.root / rec.capture_id
-        directory.mkdir(exist_ok=True)
         path = directory / f"{rec.target_id}.json"
         tmp = directory / f".{rec.target_id}.json.tmp"
         data = json.dumps(rec.to_dict(), sort_keys=True).encode()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(directory)
+        try:
+            directory.mkdir(exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(directory)
+        except OSError as exc:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise StoreWriteFailed(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
         self._records[rec.key] = rec
+        self._published[rec.key] = copy.deepcopy(rec.status)
+
+
+def _parse_record(doc: object, capture_id: str, target_id: str) -> TargetRecord:
+    """A target record that belongs where it was found; TypeError/ValueError otherwise."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("status"), dict) or not isinstance(doc.get("dispatch"), dict):
+        raise TypeError("not an object with 'status' and 'dispatch' objects")
+    rec = TargetRecord.from_dict(doc)
+    if rec.key != (capture_id, target_id) or rec.status.target_id != target_id:
+        raise ValueError(f"holds {rec.key!r}, not ({capture_id!r}, {target_id!r})")
+    rec.spec  # noqa: B018 - the dispatch must parse, or the pipeline would fail on it later
+    return rec
 
 
 def _fsync_dir(path: Path) -> None:

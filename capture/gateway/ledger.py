@@ -18,9 +18,13 @@ from typing import Any
 
 from gpulens.logs import get_logger
 
+from .. import limits
+from ..statefiles import load_or_move_aside
+
 __all__ = ["AlertEntry", "CaptureEntry", "Ledger"]
 
 log = get_logger("gateway")
+LEDGER_FILE = limits.JsonLimit("gateway ledger", 64 << 20)  # 7 days of alert episodes
 
 
 @dataclass
@@ -57,21 +61,15 @@ class Ledger:
 
     @classmethod
     def open(cls, state_dir: Path | None, **kw: Any) -> "Ledger":
+        """The persisted ledger; a truncated, wrong-shape or unreadable file is moved aside
+        (capture.statefiles) and the gateway starts with an empty one instead of crash-looping."""
         if state_dir is None:
             return cls(**kw)
         state_dir.mkdir(parents=True, exist_ok=True)
         ledger = cls(path=state_dir / "ledger.json", **kw)
-        try:
-            doc = json.loads(ledger.path.read_text())
-            ledger.alerts = {k: AlertEntry(**v) for k, v in doc.get("alerts", {}).items()}
-            ledger.captures = {k: CaptureEntry(**v) for k, v in doc.get("captures", {}).items()}
-            ledger.last_start = {k: float(v) for k, v in doc.get("last_start", {}).items()}
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, TypeError) as exc:
-            # keep the unreadable file for a person; start empty rather than not at all
-            log.error("ledger.unreadable", path=str(ledger.path), error=str(exc))
-            os.replace(ledger.path, ledger.path.with_suffix(f".bad-{int(time.time())}"))
+        parsed = load_or_move_aside(ledger.path, _parse, component="gateway", limit=LEDGER_FILE)
+        if parsed is not None:
+            ledger.alerts, ledger.captures, ledger.last_start = parsed
         ledger.prune()
         return ledger
 
@@ -95,6 +93,10 @@ class Ledger:
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except OSError as exc:
+            try:
+                tmp.unlink()  # a full disk must not also leave a partial temp file behind
+            except OSError:
+                pass
             log.error("ledger.write_failed", path=str(self.path), error=str(exc))
             raise
 
@@ -102,3 +104,32 @@ class Ledger:
         self.captures[entry.capture_id] = entry
         key = f"{entry.namespace}/{entry.job_id}"
         self.last_start[key] = max(self.last_start.get(key, 0.0), entry.started_at)
+
+
+def _mapping(doc: dict, key: str) -> dict:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise TypeError(f"{key!r} is {type(value).__name__}, not an object")
+    return value
+
+
+def _entry(kind, value: Any):
+    if not isinstance(value, dict):
+        raise TypeError(f"a {kind.__name__} is {type(value).__name__}, not an object")
+    return kind(**value)
+
+
+def _parse(doc: Any) -> tuple[dict[str, AlertEntry], dict[str, CaptureEntry], dict[str, float]]:
+    """The ledger document's three maps; TypeError/ValueError for any other shape."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"the ledger is {type(doc).__name__}, not an object")
+    alerts = {str(k): _entry(AlertEntry, v) for k, v in _mapping(doc, "alerts").items()}
+    captures = {str(k): _entry(CaptureEntry, v) for k, v in _mapping(doc, "captures").items()}
+    last_start = {str(k): float(v) for k, v in _mapping(doc, "last_start").items()}
+    for a in alerts.values():
+        if not isinstance(a.recorded_at, (int, float)) or not isinstance(a.outcome, str):
+            raise TypeError(f"alert {a.key!r} has a recorded_at or outcome of the wrong type")
+    for c in captures.values():
+        if not isinstance(c.started_at, (int, float)):
+            raise TypeError(f"capture {c.capture_id!r} has a started_at of the wrong type")
+    return alerts, captures, last_start

@@ -1,29 +1,43 @@
 """Arming logic behind the trainer hook (standard library only; imported by sitecustomize).
 
-What it does, in order (see docs/ARCHITECTURE.md, "The trainer hook"):
-1. sets KINETO_USE_DAEMON=1 and, when configured, KINETO_IPC_SOCKET_DIR / KINETO_ONDEMAND_TRACE_DIR;
-2. gives Kineto a job id distinct per pod (SLURM_JOB_ID, the only job id Kineto reads) unless the
-   process already runs under Slurm, so dynolog never confuses pid 37 of one pod with pid 37 of
-   another on the same node;
-3. works out the worker identity from torchrun/elastic and Kubernetes downward-API variables,
-   skipping launchers (torchrun itself) and multiprocessing helpers, which are not workers;
-4. writes one registration record atomically into GPULENS_REGISTRY_DIR and removes it at exit.
+What it does (see docs/ARCHITECTURE.md, "The trainer hook"):
+1. at interpreter start, in every process: KINETO_USE_DAEMON=1 and, when configured,
+   KINETO_IPC_SOCKET_DIR / KINETO_ONDEMAND_TRACE_DIR; a Kineto job id distinct per pod
+   (SLURM_JOB_ID, the only job id Kineto reads) unless the process already runs under Slurm;
+2. registers the process that actually trains, decided by what it does, never by its argv:
+   - when `torch.distributed.init_process_group` returns, with the rank and world size the
+     process group reports (identity `process_group`);
+   - failing that, once it has imported torch, as a single-process job (identity
+     `single_process`, ranks from the environment, else 0 of 1) -- unless it is a
+     multiprocessing child (spawn/forkserver preparation, or a started Process), whose parent is
+     the job;
+   a registration by a descendant removes an ancestor's `single_process` record, so a launcher
+   (torchrun, accelerate, deepspeed, a self-relaunching script) that imported torch is gone from
+   the registry as soon as its workers appear, and a `multiprocessing.spawn` parent once its
+   children form their process group;
+3. removes the record at exit and on SIGTERM/SIGINT (chaining the trainer's handlers).
+A process that never imports torch never registers and pays only the start-up cost.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import socket
 import sys
 import time
 import zlib
 
-SCHEMA_VERSION = 1
-_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-_LAUNCHER_SCRIPTS = ("torchrun", "run.py", "launch.py")
-_HELPER_MODULES = ("multiprocessing.spawn", "multiprocessing.forkserver", "multiprocessing.resource_tracker")
+from _gpulens_imports import AfterImport
+from _gpulens_record import (IDENTITY_PROCESS_GROUP, IDENTITY_SINGLE_PROCESS, SCHEMA_VERSION, RegistryWriteError,
+                             build_record, pid_namespace, record_filename, remove_quietly, write_atomically)
+from _gpulens_signals import ExitSignals
+
+__all__ = ["arm", "main", "Registrar", "kineto_job_id", "build_record", "record_filename", "write_atomically",
+           "RegistryWriteError", "SCHEMA_VERSION", "chain_sitecustomize", "in_multiprocessing_child"]
+
+FALLBACK_ENV = "GPULENS_FALLBACK_RECORD"   # an ancestor's single_process record, for a descendant to retire
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def _cmdline() -> list[str]:
@@ -34,150 +48,170 @@ def _cmdline() -> list[str]:
         return list(getattr(sys, "argv", []) or [])
 
 
-def role(cmdline: list[str]) -> str:
-    """'launcher', 'helper' or 'worker' for a Python process with this command line.
-
-    Only the interpreter's own arguments decide (the module after -m, the code after -c, the
-    script path): a worker script whose *path* mentions torchrun is still a worker.
-    """
-    args = cmdline[1:]
-    while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
-        args = args[1:]  # interpreter flags such as -u, -O, -X dev (its value has no dash)
-    if not args:
-        return "worker"
-    if args[0] == "-c":
-        code = args[1] if len(args) > 1 else ""
-        return "helper" if any(m in code for m in _HELPER_MODULES) else "worker"
-    if "--multiprocessing-fork" in cmdline:
-        return "helper"
-    if args[0] == "-m":
-        module = args[1] if len(args) > 1 else ""
-        if module in _LAUNCHER_MODULES:
-            return "launcher"
-        return "helper" if module in _HELPER_MODULES else "worker"
-    script = args[0].replace("\\", "/")
-    if os.path.basename(script) == "torchrun" or script.endswith(tuple(f"torch/distributed/{n}" for n in _LAUNCHER_SCRIPTS[1:])):
-        return "launcher"
-    return "worker"
-
-
-def _int(env: dict, name: str, default: int) -> int:
-    value = env.get(name, "")
-    return int(value) if value.strip() else default
-
-
-def pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return "pid:[unknown]"
-
-
-def _host_pid() -> int | None:
-    """Our pid in the outermost pid namespace visible to us (NSpid's first field)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def kineto_job_id(identity_key: str) -> int:
     """A positive int32 job id derived from the pod (dynolog parses job ids as C int)."""
     return (zlib.crc32(identity_key.encode()) & 0x7FFFFFFF) or 1
 
 
-def build_record(env: dict, pid: int, cmdline: list[str], now: float) -> dict:
-    hostname = socket.gethostname()
-    pidns = pid_namespace()
-    job_id = env.get("GPULENS_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or "local"
-    attempt = _int(env, "GPULENS_ATTEMPT", 0)
-    pod = env.get("GPULENS_POD_NAME") or env.get("POD_NAME") or hostname
-    pod_uid = env.get("GPULENS_POD_UID") or env.get("POD_UID") or ""
-    world = _int(env, "WORLD_SIZE", 1)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "job_id": job_id,
-        "attempt": attempt,
-        "namespace": env.get("GPULENS_NAMESPACE") or env.get("POD_NAMESPACE") or "local",
-        "pod": pod,
-        "pod_uid": pod_uid,
-        "container": env.get("GPULENS_CONTAINER_NAME", ""),
-        "node": env.get("GPULENS_NODE_NAME") or env.get("NODE_NAME") or hostname,
-        "global_rank": _int(env, "RANK", 0),
-        "local_rank": _int(env, "LOCAL_RANK", 0),
-        "group_rank": _int(env, "GROUP_RANK", 0),
-        "world_size": world,
-        "local_world_size": _int(env, "LOCAL_WORLD_SIZE", world),
-        "restart_count": _int(env, "TORCHELASTIC_RESTART_COUNT", 0),
-        "pid": pid,
-        "host_pid": _host_pid(),
-        "pid_namespace": pidns,
-        "kineto_job_id": int(env["SLURM_JOB_ID"]) if env.get("SLURM_JOB_ID", "").isdigit() else 0,
-        "start_time": now,
-        "trace_dir": env.get("KINETO_ONDEMAND_TRACE_DIR", "/tmp"),
-        "socket_dir": env.get("KINETO_IPC_SOCKET_DIR", ""),
-        "hostname": hostname,
-        "argv": cmdline[:16],
-    }
+def in_multiprocessing_child() -> bool:
+    """True inside a process that `multiprocessing` started (its parent is the job), judged from
+    the interpreter's state and stack, not from argv: spawn/forkserver preparation marks the
+    current process `_inheriting`; a started Process has a parent_process()."""
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        current = mp_process.current_process()
+        if getattr(current, "_inheriting", False) or mp_process.parent_process() is not None:
+            return True
+    mp = sys.modules.get("multiprocessing")
+    if mp is None or not getattr(mp, "__file__", None):
+        return False  # spawn and forkserver children always have it
+    helpers = {os.path.join(os.path.dirname(mp.__file__), f) for f in ("forkserver.py", "spawn.py", "resource_tracker.py")}
+    frame = sys._getframe(1)
+    while frame is not None:  # the forkserver server preloading modules, a spawn child before bootstrap
+        if frame.f_code.co_filename in helpers:
+            return True
+        frame = frame.f_back
+    return False
 
 
-def record_filename(rec: dict) -> str:
-    ns = "".join(c for c in rec["pid_namespace"] if c.isdigit()) or "0"
-    return f"{rec['job_id']}__a{rec['attempt']}__r{rec['global_rank']}__ns{ns}__p{rec['pid']}.json"
+class Registrar:
+    """This process's registration: at most one record, replaced when the identity improves."""
 
+    def __init__(self, env, registry: str, cmdline: list[str], *, stderr=None):
+        self.env, self.registry, self.cmdline = env, registry, cmdline
+        self.stderr = stderr
+        self.path: str | None = None
+        self.pid: int | None = None
+        self.identity: str | None = None
+        self.warned = False
+        self.signals = ExitSignals(self.remove)
+        self._atexit = False
 
-def write_atomically(directory: str, name: str, data: dict) -> str:
-    path = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    # the two moments -------------------------------------------------------------------------
 
+    def on_torch_imported(self, _module=None) -> None:
+        if self.path is not None and self.pid == os.getpid():
+            return
+        if in_multiprocessing_child():
+            return
+        self.register(identity=IDENTITY_SINGLE_PROCESS)
 
-def _remove(path: str, pid: int) -> None:
-    if os.getpid() == pid:  # a forked child inherits atexit handlers; only the writer removes
+    def on_process_group(self, rank: int, world_size: int) -> None:
+        self.register(identity=IDENTITY_PROCESS_GROUP, rank=rank, world_size=world_size)
+
+    # mechanics -------------------------------------------------------------------------------
+
+    def register(self, *, identity: str, rank: int | None = None, world_size: int | None = None) -> str | None:
+        pid = os.getpid()
+        env = dict(self.env)
+        if rank is not None:
+            env["RANK"], env["WORLD_SIZE"] = str(rank), str(world_size)
+            env.setdefault("LOCAL_RANK", str(rank))           # no launcher told us: one node
+            env.setdefault("LOCAL_WORLD_SIZE", str(world_size))
+        rec = build_record(env, pid, self.cmdline, time.time(), identity=identity)
+        name = record_filename(rec)
         try:
-            os.unlink(path)
-        except OSError:
-            pass
+            path = write_atomically(self.registry, name, rec)
+        except RegistryWriteError as exc:
+            self._warn(f"rank {rec['global_rank']} (pid {pid}) is not registered, so it cannot be captured: {exc}; "
+                       f"Kineto daemon mode stays on and training runs on")
+            return None
+        mine = self.path if self.pid == pid else None
+        if mine and mine != path:
+            remove_quietly(mine)                      # our earlier identity (e.g. single_process -> rank 3)
+        self._retire_ancestor(path)
+        self.path, self.pid, self.identity = path, pid, identity
+        if identity == IDENTITY_SINGLE_PROCESS:
+            self.env[FALLBACK_ENV] = path             # descendants that train retire it
+        else:
+            self.env.pop(FALLBACK_ENV, None)          # a real worker is never retired by a child
+        if not self._atexit:
+            atexit.register(self.remove)
+            self._atexit = True
+        self.signals.install()
+        return path
+
+    def _retire_ancestor(self, own: str) -> None:
+        inherited = self.env.get(FALLBACK_ENV, "")
+        if not inherited or inherited == own:
+            return
+        # only a record file directly in our registry folder, never a path someone put in the env
+        name = os.path.basename(inherited)
+        if os.path.dirname(os.path.abspath(inherited)) == os.path.abspath(self.registry) and name.endswith(".json") \
+                and not name.startswith("."):
+            remove_quietly(inherited)
+
+    def remove(self) -> None:
+        if self.pid == os.getpid():  # a forked child inherits atexit and signal handlers; only the writer removes
+            remove_quietly(self.path)
+            self.path = None
+
+    def _warn(self, message: str) -> None:
+        if not self.warned:
+            self.warned = True
+            print(f"gpulens-hook: {message}", file=self.stderr or sys.stderr, flush=True)
 
 
-def arm(env=None, *, cmdline: list[str] | None = None) -> str | None:
-    """Arm this process; returns the registration file written, or None. Raises on failure."""
-    env = os.environ if env is None else env
-    if env.get("GPULENS_HOOK_DISABLE", "") not in ("", "0"):
-        return None
-    cmdline = _cmdline() if cmdline is None else cmdline
-    kind = role(cmdline)
+def _wrap_init_process_group(c10d, registrar: Registrar) -> None:
+    original = getattr(c10d, "init_process_group", None)
+    if original is None or getattr(original, "__gpulens_wrapped__", False):
+        return
+    import functools
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            registrar.on_process_group(int(c10d.get_rank()), int(c10d.get_world_size()))
+        except Exception as exc:  # noqa: BLE001 - never break training
+            registrar._warn(f"not registered after init_process_group: {type(exc).__name__}: {exc}")
+        return result
+
+    init_process_group.__gpulens_wrapped__ = True  # type: ignore[attr-defined]
+    c10d.init_process_group = init_process_group
+
+
+def set_kineto_env(env) -> None:
     env["KINETO_USE_DAEMON"] = "1"
     if env.get("GPULENS_SOCKET_DIR"):
         env["KINETO_IPC_SOCKET_DIR"] = env["GPULENS_SOCKET_DIR"]
     if env.get("GPULENS_TRACE_DIR"):
         env["KINETO_ONDEMAND_TRACE_DIR"] = env["GPULENS_TRACE_DIR"]
-    if kind != "worker":
-        # Launchers and multiprocessing helpers import torch too, but are not workers: they get no
-        # record and keep Kineto's job 0, so a request for a worker's job id never reaches them.
-        return None
-    pidns = pid_namespace()
     if not env.get("SLURM_JOB_ID") and env.get("GPULENS_KINETO_JOB_ID", "auto") == "auto":
-        key = "|".join([env.get("GPULENS_POD_UID") or env.get("POD_UID") or socket.gethostname(), pidns,
+        # the same value in the launcher and its workers (same pod, pid namespace, job, attempt);
+        # requests always name explicit pids, so only registered workers are ever asked to trace
+        key = "|".join([env.get("GPULENS_POD_UID") or env.get("POD_UID") or socket.gethostname(), pid_namespace(),
                         env.get("GPULENS_JOB_ID", ""), env.get("GPULENS_ATTEMPT", "0")])
         env["SLURM_JOB_ID"] = str(kineto_job_id(key))
+
+
+def arm(env=None, *, cmdline: list[str] | None = None, watch: bool = True) -> Registrar | None:
+    """Arm this process: Kineto's environment now, registration when torch shows what it is.
+
+    Returns the Registrar (None when disabled or without GPULENS_REGISTRY_DIR). With `watch`, the
+    post-import hooks for torch are installed on sys.meta_path.
+    """
+    env = os.environ if env is None else env
+    if env.get("GPULENS_HOOK_DISABLE", "") not in ("", "0"):
+        return None
+    set_kineto_env(env)
     registry = env.get("GPULENS_REGISTRY_DIR")
     if not registry:
         return None
-    pid = os.getpid()
-    rec = build_record(dict(env), pid, cmdline, time.time())
-    path = write_atomically(registry, record_filename(rec), rec)
-    atexit.register(_remove, path, pid)
-    return path
+    registrar = Registrar(env, registry, _cmdline() if cmdline is None else cmdline)
+    if watch:
+        AfterImport({
+            "torch.distributed.distributed_c10d": lambda m: _guarded(registrar, _wrap_init_process_group, m, registrar),
+            "torch": lambda m: _guarded(registrar, registrar.on_torch_imported, m),
+        }).install()
+    return registrar
+
+
+def _guarded(registrar: Registrar, fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - an import of torch must never fail because of us
+        registrar._warn(f"not registered: {type(exc).__name__}: {exc}")
 
 
 def main() -> None:
