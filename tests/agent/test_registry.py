@@ -98,8 +98,12 @@ def test_bad_files_are_skipped_and_temp_files_ignored(tmp_path, sleeper):
     write(tmp_path, "schema.json", bad)
     write(tmp_path, ".good.json.123.tmp", record())
     (tmp_path / "notes.txt").write_text("x")
+    for i, shape in enumerate(("null", "[]", '"rec"', "5", '{"pid": "x"}')):  # valid JSON, wrong shape
+        (tmp_path / f"shape{i}.json").write_text(shape)
     workers = WorkerRegistry(tmp_path).workers()
     assert [w.path.name for w in workers] == ["good.json"]
+    # the hook's files belong to live workers: skipped, never moved or deleted by a reader
+    assert len(list(tmp_path.glob("shape*.json"))) == 5
 
 
 def test_find_prefers_the_live_record_of_a_rank(tmp_path, sleeper):

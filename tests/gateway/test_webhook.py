@@ -148,12 +148,22 @@ async def test_a_restarted_gateway_still_knows_the_episodes_it_handled(stack, ht
     assert body["results"][0]["outcome"] == "duplicate" and len(stack.coordinator.captures) == 1
 
 
-async def test_an_unreadable_ledger_is_set_aside_not_fatal(tmp_path):
+@pytest.mark.parametrize("content", [
+    "{broken", "null", "[]", '"ledger"', '{"alerts": []}', '{"alerts": {"k": 5}}', '{"captures": {"c": {"bogus": 1}}}',
+    '{"last_start": {"ns/job": "soon"}}', '{"alerts": {"k": {"key": "k", "fingerprint": "f", "starts_at": "s", '
+    '"namespace": "n", "job_id": "j", "outcome": "started", "recorded_at": "yesterday"}}}',
+])
+async def test_an_unreadable_or_wrong_shape_ledger_is_set_aside_not_fatal(tmp_path, content):
     d = tmp_path / "state"
     d.mkdir()
-    (d / "ledger.json").write_text("{broken")
-    ledger = Ledger.open(d)
-    assert ledger.alerts == {} and any(p.name.startswith("ledger.bad-") for p in d.iterdir())
+    (d / "ledger.json").write_text(content)
+    ledger = Ledger.open(d)  # no AttributeError/TypeError crash loop
+    assert ledger.alerts == {} and ledger.captures == {} and ledger.last_start == {}
+    moved = [p for p in d.iterdir() if p.name.startswith("ledger.bad-")]
+    assert len(moved) == 1 and moved[0].read_text() == content  # kept for a person, byte for byte
+    assert not (d / "ledger.json").exists()
+    ledger.save()  # and it starts empty, writing a good one
+    assert Ledger.open(d).alerts == {} and len([p for p in d.iterdir() if p.name.startswith("ledger.bad-")]) == 1
 
 
 async def test_the_route_by_pod_comes_from_the_routes_file(stack, http, tmp_path):
