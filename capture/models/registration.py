@@ -33,6 +33,7 @@ class RegistrationRecord:
     group_rank: int = 0
     host_pid: int | None = None
     hostname: str = ""
+    identity: str = ""  # process_group | single_process (older hooks: empty)
     argv: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 

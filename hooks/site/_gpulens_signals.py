@@ -10,33 +10,34 @@ both signals that runs the cleanup and then does exactly what would have happene
   the exit status is still "killed by SIGTERM";
 - SIG_IGN stays ignored, and the record stays, since the process lives on.
 A forked child inherits the handler; the cleanup only acts in the process that registered.
+`signal` and `threading` are imported on install only (a registering process has torch, which
+imports both anyway), so interpreter start-up does not pay for them.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from typing import Callable
-
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class ExitSignals:
     def __init__(self, cleanup: Callable[[], None]):
         self.cleanup = cleanup
         self.theirs: dict[int, object] = {}
-        self._real_signal = signal.signal
-        self._real_getsignal = signal.getsignal
         self.installed = False
 
     def install(self) -> bool:
         """Install (main thread only, as Python requires); False where that is not possible."""
+        import signal
+        import threading
+
+        self._signal_mod, self._threading = signal, threading
         if self.installed:
             return True
         if threading.current_thread() is not threading.main_thread():
             return False
-        for sig in SIGNALS:
+        self._real_signal, self._real_getsignal = signal.signal, signal.getsignal
+        for sig in (signal.SIGTERM, signal.SIGINT):
             self.theirs[int(sig)] = self._real_getsignal(sig)
             self._real_signal(sig, self._handle)
         signal.signal, signal.getsignal = self._signal, self._getsignal
@@ -47,9 +48,9 @@ class ExitSignals:
 
     def _signal(self, signalnum, handler):
         num = int(signalnum)
-        if num not in self.theirs or threading.current_thread() is not threading.main_thread():
+        if num not in self.theirs or self._threading.current_thread() is not self._threading.main_thread():
             return self._real_signal(signalnum, handler)  # other signals, and the real ValueError off-main
-        if not (callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN)):
+        if not (callable(handler) or handler in (self._signal_mod.SIG_DFL, self._signal_mod.SIG_IGN)):
             raise TypeError("signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable object")
         previous, self.theirs[num] = self.theirs[num], handler
         return previous
@@ -62,7 +63,7 @@ class ExitSignals:
 
     def _handle(self, signum, frame):
         theirs = self.theirs.get(int(signum))
-        if theirs == signal.SIG_IGN:
+        if theirs == self._signal_mod.SIG_IGN:
             return None
         try:
             self.cleanup()
@@ -70,6 +71,6 @@ class ExitSignals:
             pass
         if callable(theirs):
             return theirs(signum, frame)
-        self._real_signal(signum, signal.SIG_DFL)
+        self._real_signal(signum, self._signal_mod.SIG_DFL)
         os.kill(os.getpid(), signum)
         return None
