@@ -51,7 +51,8 @@ def test_import_linter_contracts_are_kept():
     done = subprocess.run([str(VENV_BIN / "lint-imports"), ".importlinter"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "0 broken" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "3 kept" in done.stdout
+    contracts = open(REPO / ".importlinter").read().count("[importlinter:contract:")
+    assert f"{contracts} kept" in done.stdout  # every contract in the file was checked
 
 
 def test_no_import_circles():
