@@ -434,6 +434,8 @@ def _labels(extra: dict[str, str] | None = None, base: dict[str, str] | None = N
 
 
 _wl = {"namespace": "ml", "gpulens_workload": "job/mixed"}
+_blip = {"namespace": "ml", "pod": "blip-0", "node": NODE, "gpulens_workload": "Pod/blip-0"}
+_restart = {"namespace": "ml", "pod": "restart-0", "node": NODE, "gpulens_workload": "Pod/restart-0"}
 _mixed = (Pod("ml", "mixed-0", gpulens_job="mixed", launches=flat(1000.0), sync_wait=flat(0.25), h2d=flat(10e6)),
           Pod("ml", "mixed-1", gpu="1", gpulens_job="mixed", launches=flat(3000.0), sync_wait=flat(0.75),
               h2d=flat(30e6)),
@@ -470,6 +472,7 @@ RECORDING: tuple[Scenario, ...] = (
                  ExpectSamples(9, "namespace_pod:gpulens_live:settled", ()),
                  ExpectSamples(10, "namespace_pod:gpulens_live:settled",
                                ((f"namespace_pod:gpulens_live:settled{_labels()}", 1.0),)),
+
                  # a workload with under 35 minutes of history has no baseline yet, so no gate
                  ExpectSamples(44, "namespace_workload:gpulens_launches_per_pod:baseline_rate5m", ()),
                  ExpectSamples(44, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m", ()),
@@ -482,6 +485,20 @@ RECORDING: tuple[Scenario, ...] = (
                  ExpectSamples(50, "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m_rising", ()),
                  ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_rising", ()),
                  ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_falling", ()),
+             )),
+    Scenario("recording_settled_through_a_missed_listing",
+             "One pod's process is missing for one minute (a failed scrape or NVML listing): it stays "
+             "settled. Another's is gone for 3 minutes (a process restart): it settles anew 10 minutes "
+             "after it is back.", 45,
+             pods=(Pod("ml", "blip-0", restart_gap=(25, 26)), Pod("ml", "restart-0", gpu="1", restart_gap=(25, 28))),
+             expect_samples=(
+                 ExpectSamples(25, "namespace_pod:gpulens_live:settled{pod=\"blip-0\"}", ()),
+                 ExpectSamples(26, "namespace_pod:gpulens_live:settled{pod=\"blip-0\"}",
+                               ((f"namespace_pod:gpulens_live:settled{_labels(base=_blip)}", 1.0),)),
+                 ExpectSamples(30, "namespace_pod:gpulens_live:settled{pod=\"restart-0\"}", ()),
+                 ExpectSamples(37, "namespace_pod:gpulens_live:settled{pod=\"restart-0\"}", ()),
+                 ExpectSamples(38, "namespace_pod:gpulens_live:settled{pod=\"restart-0\"}",
+                               ((f"namespace_pod:gpulens_live:settled{_labels(base=_restart)}", 1.0),)),
              )),
     Scenario("recording_per_pod_workload",
              "A job of three pods: the workload's signals are means over its settled pods (per-pod "
@@ -587,10 +604,10 @@ _two_then_four = (tuple(Pod("ml", f"ddp-run-worker-{i}", gpu=str(i), gpulens_job
 _run1 = tuple(Pod("ml", f"llama-ft-worker-{i}-run1", gpu=str(i), gpulens_job=_job, end=T) for i in range(2))
 _run2 = tuple(_new_pod("ml", f"llama-ft-worker-{i}-run2", T + 5, gpu=str(i), gpulens_job=_job) for i in range(2))
 
-_restarted = Pod("ml", "steady-worker-0", gpulens_job="steady", restart_gap=(T, T + 2),
-                 launches=Steps(((0, LAUNCHES), (T, 0.0), (T + 2, LAUNCHES / 10), (T + 2 + WARMUP, LAUNCHES))),
-                 sync_wait=Steps(((0, SYNC), (T, 0.0), (T + 2, SYNC / 10), (T + 2 + WARMUP, SYNC))),
-                 h2d=Steps(((0, H2D), (T, 0.0), (T + 2, H2D / 10), (T + 2 + WARMUP, H2D))))
+_restarted = Pod("ml", "steady-worker-0", gpulens_job="steady", restart_gap=(T, T + 3),
+                 launches=Steps(((0, LAUNCHES), (T, 0.0), (T + 3, LAUNCHES / 5), (T + 3 + WARMUP, LAUNCHES))),
+                 sync_wait=Steps(((0, SYNC), (T, 0.0), (T + 3, SYNC / 5), (T + 3 + WARMUP, SYNC))),
+                 h2d=Steps(((0, H2D), (T, 0.0), (T + 3, H2D / 5), (T + 3 + WARMUP, H2D))))
 
 WORKLOADS: tuple[Scenario, ...] = (
     Scenario("redeploy_host_sync",
@@ -654,8 +671,8 @@ NON_EVENTS_WORKLOADS: tuple[Scenario, ...] = (
              LONG, pods=_run1 + _run2,
              expect=_quiet_after_change),
     Scenario("process_restart",
-             "The trainer process restarts inside its pod (2 minutes without a process, then a "
-             "warm-up); the exporter keeps the pod's counters across the gap.",
+             "The trainer process restarts inside its pod (3 minutes without a process, then a "
+             "warm-up at a fifth of its demand); the exporter keeps the pod's counters across the gap.",
              LONG, pods=(_restarted,),
              expect=_quiet_after_change),
 )

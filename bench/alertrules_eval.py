@@ -1,7 +1,7 @@
 """Evaluation cost of the gpulens rule groups on a real Prometheus, by number of pods.
 
 Runs the Debian Prometheus on 127.0.0.1 against a synthetic exporter (every pod on one GPU of an
-8-GPU node, constant rates) with the rules time-scaled by 1/60 and scrape/evaluation every 1 s:
+8-GPU node, 8 pods per workload, constant rates) with the rules time-scaled by 1/60 and scrape/evaluation every 1 s:
 each window then holds as many samples as in production at a 1 m evaluation interval (5 per rate
 window, 30 per baseline window), so one evaluation costs what one production evaluation costs.
 A reference group with a single per-pod `rate()` record is evaluated side by side; the script
@@ -48,7 +48,9 @@ def exposition(pods: int, elapsed: float) -> bytes:
     lines = []
     counters = [("gpulens_kernel_launches_total", 2000.0), ("gpulens_graph_launches_total", 5.0),
                 ("gpulens_sync_wait_seconds_total", 0.3), ("gpulens_sync_calls_total", 100.0)]
-    pod_labels = [f'node="n{i // 8}",gpu="{i % 8}",namespace="ml",pod="p{i}",container="c"' for i in range(pods)]
+    # 8 pods per workload (a data-parallel job), each on its own GPU
+    pod_labels = [f'node="n{i // 8}",gpu="{i % 8}",namespace="ml",pod="p{i}",container="c",'
+                  f'gpulens_job="j{i // 8}",gpulens_workload="job/j{i // 8}"' for i in range(pods)]
     for name, rate in counters:
         lines.append(f"# TYPE {name} counter")
         lines += [f"{name}{{{lb}}} {rate * elapsed!r}" for lb in pod_labels]
@@ -63,6 +65,11 @@ def exposition(pods: int, elapsed: float) -> bytes:
     lines.append("# TYPE gpulens_exporter_source_up gauge")
     lines += [f'gpulens_exporter_source_up{{node="n{n}",source="nvml"}} 1' for n in range((pods + 7) // 8)]
     return ("\n".join(lines) + "\n").encode()
+
+
+#: rule name -> evaluationTime samples (ms) of the last measure() (recording rules share names
+#: across groups only with the reference, which has its own)
+per_rule: dict[str, list[float]] = {}
 
 
 def measure(pods: int, samples: int, warmup: float) -> dict[str, float]:
@@ -100,8 +107,9 @@ def measure(pods: int, samples: int, warmup: float) -> dict[str, float]:
                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            time.sleep(warmup)  # baselines need 35 s of history at this scale
+            time.sleep(warmup)  # until the baselines exist
             per_group: dict[str, list[float]] = {}
+            per_rule.clear()
             last: dict[str, str] = {}
             while min((len(v) for v in per_group.values()), default=0) < samples:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5) as r:
@@ -110,6 +118,8 @@ def measure(pods: int, samples: int, warmup: float) -> dict[str, float]:
                     if last.get(g["name"]) != g["lastEvaluation"]:  # one sample per evaluation
                         last[g["name"]] = g["lastEvaluation"]
                         per_group.setdefault(g["name"], []).append(g["evaluationTime"] * 1000)
+                        for r in g["rules"]:
+                            per_rule.setdefault(r.get("name", "?"), []).append(r["evaluationTime"] * 1000)
                 time.sleep(0.3)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -123,7 +133,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pods", default="10,100,1000")
     ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--warmup", type=float, default=45.0)
+    # a pod settles after 10 s and a workload's baseline needs 35 s of history at this scale
+    ap.add_argument("--warmup", type=float, default=60.0)
     args = ap.parse_args()
     print(f"{'pods':>6}  {'group':<28} {'median ms':>10} {'x reference':>12} {'us per pod':>11}")
     for pods in (int(p) for p in args.pods.split(",")):
@@ -132,6 +143,8 @@ def main() -> None:
         for name in ("bench.reference", "gpulens.workload.recording", "gpulens.workload.alerts", "gpulens.exporter.alerts"):
             m = medians[name]
             print(f"{pods:>6}  {name:<28} {m:>10.2f} {m / ref:>12.1f} {m * 1000 / pods:>11.1f}")
+        costly = sorted(((statistics.median(v), n) for n, v in per_rule.items()), reverse=True)[:4]
+        print(f"{'':>6}  costliest rules: " + ", ".join(f"{n} {m:.2f} ms" for m, n in costly), flush=True)
 
 
 if __name__ == "__main__":

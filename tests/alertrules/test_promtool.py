@@ -174,7 +174,7 @@ MUTATIONS = [
      "workloads.test.yml", "rollout_without_change"),
     ("process-restart-not-a-new-warm-up", RECORDING,
      "          (\n"
-     "              namespace_pod:gpulens_live:since_timestamp\n"
+     "              last_over_time(namespace_pod:gpulens_live:since_timestamp[2m])\n"
      f"            and on ({K})\n"
      "              namespace_pod:gpulens_live:group\n"
      "          )\n"
