@@ -14,5 +14,6 @@ class Exclusion(str, Enum):
     RANK_MISMATCH = "rank_mismatch"          # the file's distributedInfo.rank contradicts the manifest
     DUPLICATE_RANK = "duplicate_rank"        # an earlier artifact of the manifest already holds this rank
     CLOCK_MISMATCH = "clock_mismatch"        # not on the clock base of the other ranks: not the same job/window
+    OUTSIDE_WINDOW = "outside_window"        # the trace's time span is not inside the capture's window
     WORLD_SIZE_MISMATCH = "world_size_mismatch"  # distributedInfo.world_size differs from the other ranks'
     HTA_PARSE_FAILED = "hta_parse_failed"    # passed our checks, but HTA's parser raised or its worker died

@@ -20,10 +20,15 @@ from capture.models import Artifact, Manifest
 from .exclusions import Exclusion
 from .trace_inspection import Inspected, TraceFacts
 
-__all__ = ["RankEntry", "RankPlan", "plan_ranks", "START_SLACK_S"]
+__all__ = ["RankEntry", "RankPlan", "plan_ranks", "START_SLACK_S", "WINDOW_SKEW_S", "WINDOW_START_SLACK_S"]
 
 #: ranks of one capture start tracing within the window; allow this much more for slow pickup
 START_SLACK_S = 300.0
+#: clocks of trainer and coordinator may differ this much (the agent's verification allows the same)
+WINDOW_SKEW_S = 5.0
+#: a trace starts at most this long after the request: dynolog's start delay (poll <= 5 s + Kineto
+#: warm-up ~7 s; the coordinator allows 12 s or 1.25x the longest observed) with a wide margin
+WINDOW_START_SLACK_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,8 @@ def plan_ranks(manifest: Manifest, inspected: list[Inspected]) -> RankPlan:
 
     kept, dropped = _one_clock(candidates, manifest.duration_ms / 1000.0 + START_SLACK_S)
     kept, other_job = _one_world_size(kept)
+    kept, outside = _in_window(kept, manifest)
+    other_job.extend(outside)
     entries.extend(kept)
     entries.extend(dropped)
     entries.extend(other_job)
@@ -124,6 +131,25 @@ def _one_clock(candidates: list[RankEntry], tolerance_s: float) -> tuple[list[Ra
                         "not the same job and window"),
                 artifact=m.artifact, facts=m.facts))
     return best, dropped
+
+
+def _in_window(group: list[RankEntry], manifest: Manifest) -> tuple[list[RankEntry], list[RankEntry]]:
+    """Each trace must start in [requested_at - skew, requested_at + start slack] and end before the
+    manifest was written (+ skew): a trace from another time is not this capture's, whatever its clock."""
+    lo = manifest.requested_at - WINDOW_SKEW_S
+    hi = manifest.requested_at + WINDOW_START_SLACK_S
+    end_hi = manifest.created_at + WINDOW_SKEW_S
+    kept, out = [], []
+    for m in group:
+        start, end = m.facts.start_epoch_s, m.facts.end_epoch_s
+        if start is None or (lo <= start <= hi and end <= end_hi):
+            kept.append(m)  # a trace on an unknowable clock cannot be checked; its clock group decided
+            continue
+        out.append(replace(m, status="excluded", reason=Exclusion.OUTSIDE_WINDOW.value, hta_path=None, detail=(
+            f"the trace spans {_fmt(start)} .. {_fmt(end)}; the capture was requested at "
+            f"{_fmt(manifest.requested_at)} (a trace starts within -{WINDOW_SKEW_S:g} s .. +{WINDOW_START_SLACK_S:g} s "
+            f"of that) and its manifest written at {_fmt(manifest.created_at)}")))
+    return kept, out
 
 
 def _one_world_size(group: list[RankEntry]) -> tuple[list[RankEntry], list[RankEntry]]:

@@ -73,6 +73,12 @@ class TraceFacts:
             return self.ts_min_us / 1e6
         return None
 
+    @property
+    def end_epoch_s(self) -> float | None:
+        """Absolute end time (last complete event's end) in seconds, when knowable."""
+        start = self.start_epoch_s
+        return None if start is None else start + max(0.0, self.ts_max_us - self.ts_min_us) / 1e6
+
     def to_dict(self) -> dict:
         return {"events": self.events, "complete_events": self.complete_events, "cpu_ops": self.cpu_ops,
                 "user_annotations": self.user_annotations, "kernels": self.kernels, "gpu_events": self.gpu_events,

@@ -7,6 +7,7 @@ and its manifest is produced by `capture.models.Manifest` (so it is schema-valid
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import subprocess
@@ -48,6 +49,9 @@ class CaptureBuilder:
     artifacts: list[Artifact] = field(default_factory=list)
     expected: list[ExpectedTarget] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    #: None: just before the first added trace starts, as for a real capture of that trace
+    requested_at: float | None = None
+    _first_start: float | None = None
     request: dict = field(default_factory=lambda: {"reason": {"kind": "manual", "requested_by": "test"}})
 
     @property
@@ -63,6 +67,8 @@ class CaptureBuilder:
         dest = self.dir / "traces" / file_name
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(data)
+        if not self.artifacts:
+            self._first_start = trace_start(data)
         self.artifacts.append(Artifact(target_id=target_id, rank=rank, local_rank=rank % 8, node=node, pod=pod,
                                        pid=1000 + rank, attempt=self.attempt, uri=uri or dest.as_uri(),
                                        size=len(data), sha256=hashlib.sha256(data).hexdigest(), trace_id=None))
@@ -79,7 +85,10 @@ class CaptureBuilder:
         return self
 
     def write(self) -> Capture:
-        m = Manifest(capture_id=self.capture_id, job_id=self.job, attempt=self.attempt, requested_at=time.time(),
+        requested_at = self.requested_at
+        if requested_at is None:
+            requested_at = self._first_start - 1.0 if self._first_start is not None else time.time()
+        m = Manifest(capture_id=self.capture_id, job_id=self.job, attempt=self.attempt, requested_at=requested_at,
                      duration_ms=self.duration_ms, expected_targets=self.expected, artifacts=self.artifacts,
                      failures=self.failures, archive_prefix=self.dir.as_uri(),
                      request=self.request)
@@ -87,6 +96,20 @@ class CaptureBuilder:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(m.to_json())
         return Capture(self.dir, path.as_uri(), m)
+
+
+def trace_start(data: bytes) -> float | None:
+    """Unix start time of a Kineto trace (baseTimeNanoseconds + first complete event), if knowable."""
+    try:
+        doc = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+        ts = min(e["ts"] for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
+                 and isinstance(e.get("ts"), (int, float)))
+    except (ValueError, KeyError, TypeError, OSError, EOFError):
+        return None
+    base = doc.get("baseTimeNanoseconds")
+    if isinstance(base, int) and base > 0:
+        return base / 1e9 + ts / 1e6
+    return ts / 1e6 if ts >= 1e14 else None  # epoch-µs (trace_inspection._EPOCH_US_THRESHOLD)
 
 
 @pytest.fixture

@@ -195,3 +195,20 @@ def test_an_encoded_escape_from_the_capture_is_never_read(builder, trace_filter,
     assert _status(run)["rank-1"] == ("excluded", "fetch_failed")
     assert "decodes to" in next(r for r in run.summary["ranks"] if r["rank"] == 1)["detail"]
     assert _status(run)["rank-0"] == ("analysed", None)
+
+
+def test_a_trace_outside_the_capture_window_is_excluded_with_the_times(builder, trace_filter):
+    """Same clock as rank 0 and close enough to group with it, but starting 200 s after the request:
+    more than the documented start slack (WINDOW_START_SLACK_S), so not this capture's trace."""
+    from capture.analysis.rank_selection import WINDOW_START_SLACK_S
+    late = json.loads(gzip.decompress(trace_filter[1].read_bytes()))
+    for e in late["traceEvents"]:
+        if "ts" in e:
+            e["ts"] += 200 * 1_000_000
+    assert 200 > WINDOW_START_SLACK_S
+    capture = (builder().add(0, trace_filter[0]).add(1, gzip.compress(json.dumps(late).encode()),
+                                                      file_name="rank-1.json.gz").write())
+    run = analyze_manifest(capture.manifest_uri)
+    assert _status(run) == {"rank-0": ("analysed", None), "rank-1": ("excluded", "outside_window")}
+    detail = next(r for r in run.summary["ranks"] if r["rank"] == 1)["detail"]
+    assert "the capture was requested at 2023-04-28T" in detail and "the trace spans 2023-04-28T" in detail

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from capture.models import Artifact, ExpectedTarget, Manifest
+from tests.analysis.conftest import trace_start
 from tests.conftest import free_port
 from tests.s3server import CREDS, start_moto, stop_process
 
@@ -43,7 +44,8 @@ def _upload_capture(client, capture_id: str, traces: list[Path]) -> str:
         artifacts.append(Artifact(f"rank-{rank}", rank, rank, "node-a", "trainer-0", 100 + rank, 0,
                                   f"s3://{BUCKET}/{key}", len(data), hashlib.sha256(data).hexdigest(), None))
         expected.append(ExpectedTarget(f"rank-{rank}", rank, rank, "trainer-0", "node-a"))
-    m = Manifest(capture_id, "train", 0, time.time(), 3000, expected, artifacts, archive_prefix=f"s3://{BUCKET}/{base}")
+    requested_at = trace_start(traces[0].read_bytes()) - 1.0  # as a real capture of these traces
+    m = Manifest(capture_id, "train", 0, requested_at, 3000, expected, artifacts, archive_prefix=f"s3://{BUCKET}/{base}")
     client.put_object(Bucket=BUCKET, Key=f"{base}/manifest.json", Body=m.to_json().encode())
     return f"s3://{BUCKET}/{base}/manifest.json"
 
