@@ -442,8 +442,29 @@ _mixed = (Pod("ml", "mixed-0", gpulens_job="mixed", launches=flat(1000.0), sync_
           # started at 45: not settled (10 minutes of life) at 50, so not counted in its workload
           Pod("ml", "mixed-2", gpu="2", gpulens_job="mixed", start=45, launches=flat(100.0)))
 
+_GRAPHS_POD = 'gpu="0", namespace="ml", pod="graphs-0", container="trainer", gpulens_workload="Pod/graphs-0"'
 
 RECORDING: tuple[Scenario, ...] = (
+    Scenario("recording_graph_demand",
+             "Demand counts kernels run through CUDA graphs (1024/s from 64 graph launches/s of 16 "
+             "kernels) and graph launches of unknown size once each (4/s), not graph launches once.", 50,
+             pods=(Pod("ml", "graphs-0", launches=flat(1000.0), graph_launches=flat(68.0)),),
+             raw=(_raw("gpulens_graph_kernels_total", _GRAPHS_POD, [61_440.0 * m for m in range(51)]),
+                  _raw("gpulens_graph_unknown_launches_total", _GRAPHS_POD, [240.0 * m for m in range(51)])),
+             expect_samples=(
+                 ExpectSamples(50, "namespace_pod:gpulens_launches:rate5m",
+                               (('namespace_pod:gpulens_launches:rate5m{gpulens_workload="Pod/graphs-0", '
+                                 'namespace="ml", node="gpu-node-1", pod="graphs-0"}', 2028.0),)),
+             )),
+    Scenario("recording_back_pressure_unavailable",
+             "A node whose exporter turned return probes off says so, with the reason.", 5,
+             raw=(_raw("gpulens_exporter_source_info",
+                       'source="return_probes", state="disabled", reason="killed under seccomp"', [1.0] * 6),),
+             expect_samples=(
+                 ExpectSamples(5, "node:gpulens_back_pressure_unavailable:info",
+                               (('node:gpulens_back_pressure_unavailable:info{node="gpu-node-1", '
+                                 'reason="killed under seccomp"}', 1.0),)),
+             )),
     Scenario("recording_rules",
              "A DDP pod with one rank on each of two GPUs: per-pod sums and means, the scrape's "
              "instance/job labels aggregated away, baselines and the ratio gate.", 50,

@@ -2,14 +2,18 @@
 
 A child process runs a small training-like loop (cuBLAS matmul, ATen elementwise kernels, a
 reduction, `.item()` every 10 steps) under torch.profiler, then the same loop again without the
-profiler, then replays a captured CUDA graph. The exporter (in this process, real probes on every
+profiler, then CUDA graphs: a graph captured before the exporter attached is replayed (its kernels
+must count as unknown), the loop body is captured into a new graph while probed (the captured
+launches must not count as launches) and replayed under torch.profiler (the graph kernels the
+probes count vs the profiler's kernels). The exporter (in this process, real probes on every
 mapped libcuda.so*) counts the child's calls; the check compares:
 
 - kernel launches counted by the probes vs GPU kernels in the profiler trace (the §1.5 question
   of reference/ebpf-gpu-signals.md: do runtime launches reach the exported driver symbols?),
 - launches with and without the profiler attached (CUPTI must not change what is counted),
 - blocking calls vs `.item()` + synchronize calls, D2H bytes vs the profiler's DtoH copies,
-- graph launches vs replays, and NVML's view (the child is on one GPU, one pod).
+- graph launches vs replays, graph kernels vs the profiler's kernels in the replays, launches
+  during capture (0), and NVML's view (the child is on one GPU, one pod).
 
 Exits 0 and prints "SKIP: ..." when there is no CUDA GPU, no root or no usable eBPF, so it can
 run anywhere. Otherwise prints one JSON document and exits 0 when the launch counts agree within
@@ -30,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def child(steps: int, size: int, trace_path: str) -> int:
+def child(steps: int, size: int, trace_path: str, graph_steps: int = 10, graph_replays: int = 20) -> int:
     """The PyTorch loop (runs in its own process, so the exporter's discovery sees it)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -78,9 +82,26 @@ def child(steps: int, size: int, trace_path: str) -> int:
     sys.stdin.readline()
     replays = 50
     for _ in range(replays):
-        g.replay()
+        g.replay()                          # captured before the exporter attached: unknown size
     torch.cuda.synchronize()
-    print(json.dumps({"phase": "graphs", "replays": replays}), flush=True)
+    print(json.dumps({"phase": "graphs_early", "replays": replays}), flush=True)
+
+    sys.stdin.readline()                    # capture the loop body, probed: nothing runs
+    g2 = torch.cuda.CUDAGraph()
+    out = torch.zeros((), device="cuda")
+    with torch.cuda.graph(g2):
+        for _ in range(graph_steps):
+            out.copy_(torch.relu(static @ static).sum())
+    torch.cuda.synchronize()
+    print(json.dumps({"phase": "capture", "steps": graph_steps}), flush=True)
+
+    sys.stdin.readline()                    # replay it under the profiler: kernels to compare
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(graph_replays):
+            g2.replay()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(trace_path + ".graphs.json")
+    print(json.dumps({"phase": "graphs", "replays": graph_replays}), flush=True)
     sys.stdin.readline()
     return 0
 
@@ -158,7 +179,8 @@ def main() -> int:
             exp.tick()
             mine = [t for k, t in exp.ledger.totals().items() if k.pod == "torch-loop"]
             keys = [k for k in exp.ledger.totals() if k.pod == "torch-loop"]
-            f = ("launches", "graph_launches", "sync_calls", "sync_seconds", "d2h_bytes", "d2h_calls", "h2d_bytes")
+            f = ("launches", "graph_launches", "graph_kernels", "graph_unknown", "sync_calls", "sync_seconds",
+                 "d2h_bytes", "d2h_calls", "h2d_bytes")
             return {n: sum(getattr(t, n) for t in mine) for n in f}, [k.gpu for k in keys]
 
         def phase(expect: str) -> tuple[dict, dict]:
@@ -176,8 +198,13 @@ def main() -> int:
 
         prof_info, prof_delta = phase("profiled")
         plain_info, plain_delta = phase("plain")
+        early_info, early_delta = phase("graphs_early")
+        capture_info, capture_delta = phase("capture")
         graph_info, graph_delta = phase("graphs")
         counts = trace_counts(trace)
+        graph_kernels = trace_counts(trace + ".graphs.json")["gpu_kernels"]
+        graphs_agree = graph_kernels > 0 and abs(graph_delta["graph_kernels"] - graph_kernels) <= \
+            args.tolerance * graph_kernels
         data = exp.scrape_data()
         launches = prof_delta["launches"]
         kernels = counts["gpu_kernels"]
@@ -186,7 +213,9 @@ def main() -> int:
             "device": ready, "libraries_probed": list(libraries.values()), "steps": args.steps,
             "profiled": {"exporter": prof_delta, "profiler": counts, "child": prof_info},
             "plain": {"exporter": plain_delta, "child": plain_info},
-            "graphs": {"exporter": graph_delta, "child": graph_info},
+            "graphs_early": {"exporter": early_delta, "child": early_info},
+            "capture": {"exporter": capture_delta, "child": capture_info},
+            "graphs": {"exporter": graph_delta, "child": graph_info, "profiler_kernels": graph_kernels},
             "nvml": {"gpu_pods": data.gpu_pods, "gpu_processes": data.gpu_processes,
                      "state": exp.health["nvml"].view()[:2]},
             "launches_vs_kernels": {"exporter_launches": launches, "profiler_kernels": kernels,
@@ -194,7 +223,10 @@ def main() -> int:
             "launches_with_vs_without_profiler": [launches, plain_delta["launches"]],
             "syncs_vs_items": [prof_delta["sync_calls"], prof_info["items"] + prof_info["syncs"]],
             "graph_launches_vs_replays": [graph_delta["graph_launches"], graph_info["replays"]],
-            "verdict": "PASS" if agree else "FAIL",
+            "graph_kernels_vs_profiler_kernels": [graph_delta["graph_kernels"], graph_kernels],
+            "launches_during_capture": capture_delta["launches"],
+            "early_graph_unknown_vs_replays": [early_delta["graph_unknown"], early_info["replays"]],
+            "verdict": "PASS" if agree and graphs_agree and capture_delta["launches"] == 0 else "FAIL",
         }
     finally:
         if proc.poll() is None:

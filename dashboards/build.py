@@ -99,9 +99,9 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
     )),
     Row("Demand", (
         _with_baseline("Launches per second (demand)",
-                       "Kernel and CUDA graph launches per second of each pod (eBPF entry probes on libcuda), "
-                       "and the baseline the alerts compare it against: its workload's per-pod level before "
-                       "any change.",
+                       "Kernels per second of each pod (eBPF probes on libcuda): kernels launched directly, "
+                       "kernels run through CUDA graphs, graph launches of unknown size once each; and the "
+                       "baseline the alerts compare it against: its workload's per-pod level before any change.",
                        "namespace_pod:gpulens_launches:rate5m", "namespace_workload:gpulens_launches_per_pod:baseline_rate5m",
                        "ops"),
         PanelSpec("Demand relative to baseline",
@@ -111,11 +111,17 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
                   (Query(f"namespace_pod:gpulens_launches_per_baseline:ratio_rate5m{{{POD}}}", "{{namespace}}/{{pod}}"),),
                   unit="percentunit", min=0, threshold=0.6),
         PanelSpec("Launches per second by GPU and kind",
-                  "Kernel launches and graph launches per GPU; one graph launch may run many kernels.",
+                  "Kernel launches, graph launches, the kernels those graph launches ran, and graph "
+                  "launches whose kernel count is unknown (graphs built before the exporter attached, "
+                  "conditional nodes, updated graphs), per GPU.",
                   (Query(f"sum by (pod, gpu) (rate(gpulens_kernel_launches_total{{{POD}}}[$__rate_interval]))",
                          "{{pod}} gpu {{gpu}} kernels"),
                    Query(f"sum by (pod, gpu) (rate(gpulens_graph_launches_total{{{POD}}}[$__rate_interval]))",
-                         "{{pod}} gpu {{gpu}} graphs")),
+                         "{{pod}} gpu {{gpu}} graphs"),
+                   Query(f"sum by (pod, gpu) (rate(gpulens_graph_kernels_total{{{POD}}}[$__rate_interval]))",
+                         "{{pod}} gpu {{gpu}} kernels in graphs"),
+                   Query(f"sum by (pod, gpu) (rate(gpulens_graph_unknown_launches_total{{{POD}}}[$__rate_interval]))",
+                         "{{pod}} gpu {{gpu}} graphs of unknown size")),
                   unit="ops", width=24),
     )),
     Row("Back-pressure", (
@@ -131,6 +137,13 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
                    Query(f"namespace_pod:gpulens_sync_wait_seconds:rate5m{{{POD}}} / "
                          f"namespace_pod:gpulens_sync_calls:rate5m{{{POD}}}", "{{pod}} mean wait (s)")),
                   unit="short"),
+        PanelSpec("Back-pressure unavailable on this node",
+                  "A row here: the exporter on that node found return probes unsafe on its kernel (a "
+                  "seccomp-filtered process would be killed), so blocked time is not measured there and "
+                  "the panels above are empty for its pods; the reason says why.",
+                  (Query(f"node:gpulens_back_pressure_unavailable:info and on (node) "
+                         f"namespace_pod:gpulens_launches:rate5m{{{POD}}}", instant=True),),
+                  kind="table", width=24, height=4),
     )),
     Row("Contention", (
         _with_baseline("Pods on this pod's GPU",
@@ -265,6 +278,10 @@ NODE_ROWS: tuple[Row, ...] = (
         PanelSpec("Scrape duration", "Time the previous scrape took to collect every source.",
                   (Query('max by (node) (gpulens_exporter_scrape_duration_seconds{node=~"$node"})', "{{node}}"),),
                   unit="s", min=0, width=8),
+        PanelSpec("Back-pressure unavailable", "Nodes whose exporter turned return probes off (safety gate: "
+                  "unsafe on the kernel), so back-pressure is unavailable there; with the reason.",
+                  (Query('node:gpulens_back_pressure_unavailable:info{node=~"$node"}', instant=True),),
+                  kind="table", width=8),
         PanelSpec("Why sources are in their state", "gpulens_exporter_source_info: state and reason per source.",
                   (Query('gpulens_exporter_source_info{node=~"$node"}', instant=True),),
                   kind="table", width=8),

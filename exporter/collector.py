@@ -51,6 +51,8 @@ class ScrapeData:
 _COUNTERS = [
     ("gpulens_kernel_launches_total", "launches"),
     ("gpulens_graph_launches_total", "graph_launches"),
+    ("gpulens_graph_kernels_total", "graph_kernels"),
+    ("gpulens_graph_unknown_launches_total", "graph_unknown"),
 ]
 # measured by return probes: absent (not 0) where the safety gate turned them off
 _BACK_PRESSURE = [

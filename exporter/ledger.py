@@ -40,6 +40,8 @@ class SeriesKey:
 class Totals:
     launches: int = 0
     graph_launches: int = 0
+    graph_kernels: int = 0
+    graph_unknown: int = 0
     sync_calls: int = 0
     sync_seconds: float = 0.0
     h2d_bytes: int = 0

@@ -33,6 +33,9 @@ _BPF_TRACE_UPROBE_MULTI = 48          # enum bpf_attach_type
 _BPF_LINK_CREATE = 28                 # enum bpf_cmd
 _BPF_F_UPROBE_MULTI_RETURN = 1
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine)
+# where a function's 9th argument (cuLaunchKernel's stream) lies above the stack pointer at entry:
+# x86-64 passes 6 in registers (then the return address, args 7, 8, 9), aarch64 passes 8
+_STACK_ARG9_OFF = {"x86_64": 24, "aarch64": 0}
 
 
 class _LinkCreateUprobeMulti(ctypes.Structure):
@@ -84,6 +87,9 @@ class ProcessCounters:
     cgroup_id: int
     launches: int = 0
     graph_launches: int = 0
+    graph_kernels: int = 0         # kernels run through graph launches of known kernel count
+    graph_unknown: int = 0         # graph launches whose kernel count is unknown
+    captured: int = 0              # launches recorded into a graph being captured (not run then)
     sync_calls: int = 0
     sync_seconds: float = 0.0      # finished blocking calls plus time blocked so far in open ones
     h2d_bytes: int = 0
@@ -117,7 +123,8 @@ class _Attachment:
 class DriverProbes:
     """One compiled BPF program whose probes can be attached to many library files."""
 
-    def __init__(self, *, max_processes: int = 16384, max_inflight: int = 65536, empty: bool = False):
+    def __init__(self, *, max_processes: int = 16384, max_inflight: int = 65536, max_graphs: int = 65536,
+                 empty: bool = False):
         try:
             import bcc  # noqa: F401  (Debian python3-bpfcc)
             from bcc import BPF
@@ -126,7 +133,12 @@ class DriverProbes:
             raise ProbeUnavailable(f"bcc is not installed ({exc})") from exc
         if os.geteuid() != 0:
             raise ProbeUnavailable("eBPF needs root (or CAP_BPF+CAP_PERFMON+CAP_SYS_ADMIN)")
-        cflags = [f"-DMAX_PROCS={int(max_processes)}", f"-DMAX_INFLIGHT={int(max_inflight)}"]
+        cflags = [f"-DMAX_PROCS={int(max_processes)}", f"-DMAX_INFLIGHT={int(max_inflight)}",
+                  f"-DMAX_GRAPHS={int(max_graphs)}"]
+        arg9 = _STACK_ARG9_OFF.get(os.uname().machine)
+        if arg9 is None:
+            raise ProbeUnavailable(f"unsupported architecture {os.uname().machine}")
+        cflags.append(f"-DSTACK_ARG9_OFF={arg9}")
         if empty:
             cflags.append("-DEMPTY_PROBES")
         #: why process start times are unavailable (pid reuse then merges counts), or None
@@ -146,7 +158,7 @@ class DriverProbes:
             raise ProbeUnavailable(f"BPF program did not load: {exc} "
                                    f"(kernel headers: {self.kernel_headers.describe()})") from exc
         self._BPF, self._lib = BPF, lib
-        self.capacity = {"procs": int(max_processes), "inflight": int(max_inflight)}
+        self.capacity = {"procs": int(max_processes), "inflight": int(max_inflight), "graphs": int(max_graphs)}
         self._attachments: dict[tuple[int, int], _Attachment] = {}
         self._funcs: dict[tuple[str, int], int] = {}
         self._closed = False
@@ -208,15 +220,15 @@ class DriverProbes:
 
     def _attach_links(self, attachment: _Attachment, chosen, result: AttachResult) -> bool:
         entries = [(offset, spec.kind) for spec, offset in chosen]
-        returns = [offset for spec, offset in chosen if spec.ret]
+        returns = [(offset, spec.kind) for spec, offset in chosen if spec.ret]
         try:
             attachment.links.append(_link_uprobe_multi(
                 self._func_fd("on_entry", _BPF_TRACE_UPROBE_MULTI), attachment.path,
                 [o for o, _k in entries], [k for _o, k in entries], ret=False))
             if returns:
                 attachment.links.append(_link_uprobe_multi(
-                    self._func_fd("on_block_return", _BPF_TRACE_UPROBE_MULTI), attachment.path,
-                    returns, [0] * len(returns), ret=True))
+                    self._func_fd("on_return", _BPF_TRACE_UPROBE_MULTI), attachment.path,
+                    [o for o, _k in returns], [k for _o, k in returns], ret=True))
         except Exception as exc:
             for fd in attachment.links:
                 os.close(fd)
@@ -306,6 +318,7 @@ class DriverProbes:
             out.append(ProcessCounters(
                 key=key, comm=bytes(v.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
                 cgroup_id=v.cgroup_id, launches=v.launches, graph_launches=v.graph_launches,
+                graph_kernels=v.graph_kernels, graph_unknown=v.graph_unknown, captured=v.captured,
                 sync_calls=v.sync_calls, sync_seconds=(v.sync_ns + open_ns.get(key, 0)) / 1e9,
                 h2d_bytes=v.h2d_bytes, d2h_bytes=v.d2h_bytes, h2d_calls=v.h2d_calls, d2h_calls=v.d2h_calls))
         return out
@@ -319,12 +332,14 @@ class DriverProbes:
             return None
         return ProcessCounters(
             key=key, comm=bytes(v.comm).split(b"\0", 1)[0].decode("utf-8", "replace"), cgroup_id=v.cgroup_id,
-            launches=v.launches, graph_launches=v.graph_launches, sync_calls=v.sync_calls,
+            launches=v.launches, graph_launches=v.graph_launches, graph_kernels=v.graph_kernels,
+            graph_unknown=v.graph_unknown, captured=v.captured, sync_calls=v.sync_calls,
             sync_seconds=v.sync_ns / 1e9, h2d_bytes=v.h2d_bytes, d2h_bytes=v.d2h_bytes,
             h2d_calls=v.h2d_calls, d2h_calls=v.d2h_calls)
 
     def forget(self, keys: list[ProcessKey]) -> None:
-        """Delete the entries of processes that have exited (after their counts were kept)."""
+        """Delete the entries of processes that have exited (after their counts were kept), and
+        their graph bookkeeping."""
         table = self._bpf[b"procs"]
         for key in keys:
             k = table.Key(key.tgid, 0, key.start_ns)
@@ -332,6 +347,15 @@ class DriverProbes:
                 del table[k]
             except KeyError:
                 pass
+        tgids = {k.tgid for k in keys}
+        if tgids:
+            for name in (b"graphs", b"execs", b"captures"):
+                m = self._bpf[name]
+                for gk in [gk for gk, _v in self._items(m) if gk.tgid in tgids]:
+                    try:
+                        del m[gk]
+                    except KeyError:
+                        pass
 
     def prune_inflight(self, alive_thread) -> int:
         """Drop open-call entries of threads that no longer exist (killed while blocked)."""
@@ -351,9 +375,12 @@ class DriverProbes:
     def map_usage(self) -> list[MapUsage]:
         failures = self._bpf[b"failures"]
         fail = [failures[ctypes.c_int(i)].value for i in range(2)]
+        graph_fail = self._bpf[b"graph_failures"][ctypes.c_int(0)].value
+        graphs = len(self._items(self._bpf[b"graphs"])) + len(self._items(self._bpf[b"execs"]))
         return [
             MapUsage("procs", len(self._items(self._bpf[b"procs"])), self.capacity["procs"], fail[0]),
             MapUsage("inflight", len(self._items(self._bpf[b"inflight"])), self.capacity["inflight"], fail[1]),
+            MapUsage("graphs", graphs, 2 * self.capacity["graphs"], graph_fail),
         ]
 
     def close(self) -> None:

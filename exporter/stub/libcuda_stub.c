@@ -14,7 +14,10 @@
  *     sleep until the work they wait for has finished on the timeline.
  *
  * Kernel durations come from the function name ("..._50us", "..._800ns") or GPULENS_STUB_KERNEL_NS.
- * Streams are modelled as one queue per process (stream capture for CUDA graphs is supported).
+ * Streams are modelled as one queue per process. CUDA graphs: stream capture (launches into a
+ * capturing stream are recorded, not run; a graph launch there becomes a child graph), the graph
+ * API (create, kernel and child-graph nodes, clone, conditional handles), instantiate, update and
+ * launch; a graph launch runs its recorded kernels' time.
  * With GPULENS_STUB_STATE_DIR, each process with a context publishes "<dir>/gpu<N>/<pid>" (memory
  * in use, busy time) so the exporter's stub NVML view can count processes per GPU.
  *
@@ -48,6 +51,14 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef unsigned long long CUgraphConditionalHandle;
+typedef struct {                          /* CUDA_KERNEL_NODE_PARAMS (v1/v2 start alike) */
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef struct CUlaunchConfig_st {
     unsigned int gridDimX, gridDimY, gridDimZ;
@@ -79,10 +90,12 @@ struct stub_device_shared {
 };
 
 struct CUfunc_st { uint64_t duration_ns; char name[64]; };
-struct CUstream_st { int capturing; uint64_t capture_ns; unsigned capture_kernels; };
+struct CUgraph_st;
+struct CUstream_st { int capturing; uint64_t capture_ns; unsigned capture_kernels; struct CUgraph_st *into; };
 struct CUevent_st { uint64_t done_ns; };
-struct CUgraph_st { uint64_t ns; unsigned kernels; };
+struct CUgraph_st { uint64_t ns; unsigned kernels; int conditional; };
 struct CUgraphExec_st { uint64_t ns; unsigned kernels; };
+struct CUgraphNode_st { int unused; };
 struct CUmod_st { int unused; };
 struct CUctx_st { int device; };
 
@@ -428,28 +441,116 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
-    (void)mode;
+static CUresult begin_capture(CUstream s, CUgraph into) {
     if (!is_heap_stream(s)) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;  /* legacy stream */
     s->capturing = 1;
     s->capture_ns = 0;
     s->capture_kernels = 0;
+    s->into = into;
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *phGraph) {
+EXPORT CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, NULL); }
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, NULL); }
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { (void)mode; return begin_capture(s, NULL); }
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { (void)mode; return begin_capture(s, NULL); }
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const void *edges,
+                                            size_t ndeps, int mode) {
+    (void)deps; (void)edges; (void)ndeps; (void)mode;
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(s, g);
+}
+
+EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps, const void *edges,
+                                                 size_t ndeps, int mode) {
+    (void)deps; (void)edges; (void)ndeps; (void)mode;
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(s, g);
+}
+
+static CUresult end_capture(CUstream s, CUgraph *phGraph) {
     if (!is_heap_stream(s) || !s->capturing || !phGraph) return CUDA_ERROR_INVALID_VALUE;
-    struct CUgraph_st *g = calloc(1, sizeof *g);
+    struct CUgraph_st *g = s->into ? s->into : calloc(1, sizeof *g);
     if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
-    g->ns = s->capture_ns;
-    g->kernels = s->capture_kernels;
+    g->ns += s->capture_ns;
+    g->kernels += s->capture_kernels;
     s->capturing = 0;
+    s->into = NULL;
     *phGraph = g;
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phExec, CUgraph g, unsigned long long flags) {
-    (void)flags;
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *phGraph) { return end_capture(s, phGraph); }
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *phGraph) { return end_capture(s, phGraph); }
+
+EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+    if (!phGraph || flags) return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = calloc(1, sizeof(struct CUgraph_st));
+    return *phGraph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static struct CUgraphNode_st the_node;
+
+static CUresult add_kernel_node(CUgraphNode *ph, CUgraph g, const CUDA_KERNEL_NODE_PARAMS *p) {
+    if (!ph || !g || !p || !p->func) return CUDA_ERROR_INVALID_VALUE;
+    g->kernels++;
+    g->ns += p->func->duration_ns ? p->func->duration_ns : S.kernel_ns;
+    *ph = &the_node;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps, size_t n,
+                                     const CUDA_KERNEL_NODE_PARAMS *p) { (void)deps; (void)n; return add_kernel_node(ph, g, p); }
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps, size_t n,
+                                        const CUDA_KERNEL_NODE_PARAMS *p) { (void)deps; (void)n; return add_kernel_node(ph, g, p); }
+
+EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps, size_t n, CUgraph child) {
+    (void)deps; (void)n;
+    if (!ph || !g || !child) return CUDA_ERROR_INVALID_VALUE;
+    g->kernels += child->kernels;
+    g->ns += child->ns;
+    g->conditional |= child->conditional;
+    *ph = &the_node;
+    return CUDA_SUCCESS;
+}
+
+/* A conditional node runs its body 0..n times, decided on the device: the stand-in runs it never. */
+EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle *h, CUgraph g, CUcontext ctx,
+                                               unsigned int dflt, unsigned int flags) {
+    (void)ctx; (void)dflt; (void)flags;
+    if (!h || !g) return CUDA_ERROR_INVALID_VALUE;
+    g->conditional = 1;
+    *h = 1;
+    return CUDA_SUCCESS;
+}
+
+/* A node of any type (CUgraphNodeParams): the stand-in does not model it; it exists to be probed. */
+static CUresult add_generic_node(CUgraphNode *ph, CUgraph g, const void *params) {
+    if (!ph || !g || !params) return CUDA_ERROR_INVALID_VALUE;
+    g->conditional = 1;
+    *ph = &the_node;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddNode(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps, size_t n, const void *params) {
+    (void)deps; (void)n;
+    return add_generic_node(ph, g, params);
+}
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *ph, CUgraph g, const CUgraphNode *deps, const void *edges, size_t n,
+                                  const void *params) {
+    (void)deps; (void)edges; (void)n;
+    return add_generic_node(ph, g, params);
+}
+
+EXPORT CUresult cuGraphClone(CUgraph *phClone, CUgraph g) {
+    if (!phClone || !g) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *c = malloc(sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = *g;
+    *phClone = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult instantiate(CUgraphExec *phExec, CUgraph g) {
     if (!phExec || !g) return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -459,14 +560,51 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phExec, CUgraph g, unsi
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phExec, CUgraph g, unsigned long long flags) {
+    (void)flags;
+    return instantiate(phExec, g);
+}
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phExec, CUgraph g, void *params) {
+    (void)params;
+    return instantiate(phExec, g);
+}
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phExec, CUgraph g, CUgraphNode *err, char *log, size_t n) {
+    (void)err; (void)log; (void)n;
+    return instantiate(phExec, g);
+}
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *phExec, CUgraph g, CUgraphNode *err, char *log, size_t n) {
+    (void)err; (void)log; (void)n;
+    return instantiate(phExec, g);
+}
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phExec, CUgraph g, void *params) {
+    (void)params;
+    return instantiate(phExec, g);
+}
+
+static CUresult exec_update(CUgraphExec e, CUgraph g) {
+    if (!e || !g) return CUDA_ERROR_INVALID_VALUE;
+    e->ns = g->ns;
+    e->kernels = g->kernels;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, void *result) { (void)result; return exec_update(e, g); }
+EXPORT CUresult cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *err, void *result) {
+    (void)err; (void)result;
+    return exec_update(e, g);
+}
+
 EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
 
 static CUresult graph_launch(CUgraphExec e, CUstream s) {
-    (void)s;
     CUresult r = ready();
     if (r) return r;
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (is_heap_stream(s) && s->capturing) {     /* a child graph of the graph being captured */
+        s->capture_ns += e->ns;
+        s->capture_kernels += e->kernels;
+        return CUDA_SUCCESS;
+    }
     spin_for(S.launch_ns);
     enqueue(e->ns);
     return CUDA_SUCCESS;

@@ -3,7 +3,8 @@
  * API, loaded with dlopen the way libcudart loads libcuda.so.1. It counts what it calls and
  * times how long it is blocked, so tests can compare the exporter's numbers with its own.
  *
- * One step = host work, H2D batch copy, K kernel launches, G graph launches, optional synchronous
+ * One step = host work, H2D batch copy, K kernel launches, G graph launches (G distinct graphs of
+ * --graph-kernels kernels each, built before the loop by --graph-build), optional synchronous
  * D2H copies, and every S steps a "loss.item()" (4-byte D2H async copy + stream sync).
  * Incident presets (DESIGN.md): host_sync (a full-tensor synchronous D2H copy every step),
  * input_starvation (host work per step multiplied by --throttle), noisy_neighbor (be the other
@@ -57,6 +58,22 @@ typedef CUresult (*fn_d2h_async)(void *, CUdeviceptr, size_t, H);
 typedef CUresult (*fn_begincap)(H, int);
 typedef CUresult (*fn_endcap)(H, H *);
 typedef CUresult (*fn_inst)(H *, H, unsigned long long);
+typedef CUresult (*fn_inst_params)(H *, H, void *);
+typedef CUresult (*fn_inst_legacy)(H *, H, H *, char *, size_t);
+typedef CUresult (*fn_begincap_v1)(H);
+typedef CUresult (*fn_cap_to_graph)(H, H, const H *, const void *, size_t, int);
+typedef CUresult (*fn_graph_create)(H *, unsigned);
+typedef CUresult (*fn_add_kernel)(H *, H, const H *, size_t, const void *);
+typedef CUresult (*fn_add_child)(H *, H, const H *, size_t, H);
+typedef CUresult (*fn_cond)(unsigned long long *, H, H, unsigned, unsigned);
+typedef CUresult (*fn_clone)(H *, H);
+typedef CUresult (*fn_exec_update)(H, H, void *);
+typedef struct {
+    H func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} KernelNodeParams;
 
 static struct {
     fn_init cuInit; fn_devget cuDeviceGet; fn_ctxcreate cuCtxCreate_v2; fn_modload cuModuleLoadData;
@@ -72,19 +89,27 @@ static struct {
     fn_d2h_async cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz;
     fn_begincap cuStreamBeginCapture_v2; fn_endcap cuStreamEndCapture; fn_inst cuGraphInstantiateWithFlags;
     fn_hh cuGraphLaunch, cuGraphLaunch_ptsz;
+    fn_begincap_v1 cuStreamBeginCapture; fn_begincap cuStreamBeginCapture_v2_ptsz; fn_endcap cuStreamEndCapture_ptsz;
+    fn_cap_to_graph cuStreamBeginCaptureToGraph; fn_graph_create cuGraphCreate;
+    fn_add_kernel cuGraphAddKernelNode, cuGraphAddKernelNode_v2; fn_add_child cuGraphAddChildGraphNode;
+    fn_cond cuGraphConditionalHandleCreate; fn_clone cuGraphClone;
+    fn_inst_params cuGraphInstantiateWithParams; fn_inst_legacy cuGraphInstantiate_v2;
+    fn_exec_update cuGraphExecUpdate_v2;
 } D;
 
 static struct {
     const char *lib; int device; long steps; double duration; long kernels; long kernel_us;
-    const char *launch_api; long graphs; long graph_kernels;
+    const char *launch_api; long graphs; long graph_kernels; const char *graph_build; int graph_conditional;
+    int graphs_early; int graph_update;
     long h2d_bytes; const char *h2d_api; long d2h_sync_bytes; const char *d2h_api; long d2h_async_bytes;
     long sync_every; const char *sync_api; long host_us; int host_sleep; const char *incident;
     long throttle; const char *control; int wait_stdin; int unload; const char *report;
-} O = { "libcuda.so.1", 0, 100, 0, 100, 0, "plain", 0, 4, 0, "async", 0, "sync", 0, 1, "stream",
+} O = { "libcuda.so.1", 0, 100, 0, 100, 0, "plain", 0, 4, "capture", 0, 0, 0, 0, "async", 0, "sync", 0, 1, "stream",
         0, 0, "none", 6, NULL, 0, 0, NULL };
 
 static struct {
-    long steps, launches, graph_launches, h2d_calls, d2h_calls, sync_calls;
+    long steps, launches, captured_launches, graph_launches, graph_kernels, graph_unknown, h2d_calls, d2h_calls,
+        sync_calls;
     unsigned long long h2d_bytes, d2h_bytes;
     double sync_seconds;
 } R;
@@ -117,11 +142,17 @@ static void load(void *lib) {
     L(cuMemcpyHtoD); L(cuMemcpyHtoDAsync_v2); L(cuMemcpyHtoDAsync_v2_ptsz); L(cuMemcpyDtoH_v2);
     L(cuMemcpyDtoH_v2_ptds); L(cuMemcpyDtoH); L(cuMemcpyDtoHAsync_v2); L(cuMemcpyDtoHAsync_v2_ptsz);
     L(cuStreamBeginCapture_v2); L(cuStreamEndCapture); L(cuGraphInstantiateWithFlags); L(cuGraphLaunch);
-    L(cuGraphLaunch_ptsz);
+    L(cuGraphLaunch_ptsz); L(cuStreamBeginCapture); L(cuStreamBeginCapture_v2_ptsz); L(cuStreamEndCapture_ptsz);
+    L(cuStreamBeginCaptureToGraph); L(cuGraphCreate); L(cuGraphAddKernelNode); L(cuGraphAddKernelNode_v2);
+    L(cuGraphAddChildGraphNode); L(cuGraphConditionalHandleCreate); L(cuGraphClone);
+    L(cuGraphInstantiateWithParams); L(cuGraphInstantiate_v2); L(cuGraphExecUpdate_v2);
 #undef L
 }
 
-static H kernel, stream, event, graph_exec, module;
+static H kernel, stream, event, module, ctx_handle;
+#define MAX_GRAPHS 256
+static H graph_execs[MAX_GRAPHS];
+static int graph_unknown_of[MAX_GRAPHS];
 static CUdeviceptr dbuf;
 static char *hbuf;
 static size_t hbuf_size;
@@ -150,6 +181,61 @@ static void do_launch(long i) {
     else if (!strcmp(api, "coop_ptsz")) CHECK(D.cuLaunchCooperativeKernel_ptsz(kernel, 1, 1, 1, 128, 1, 1, 0, stream, NULL), "cuLaunchCooperativeKernel_ptsz");
     else die("unknown --launch-api", 1);
     R.launches++;
+}
+
+/* Build graph number i with `k` kernels, the way --graph-build says (mix: by i). Launches made
+ * while capturing are recorded into the graph: they do not run, and are not counted as launches. */
+static H build_graph(long i, long k, long *launch_i) {
+    static const char *const ways[] = { "capture", "capture_v1", "capture_ptsz", "nodes", "to_graph", "child", "clone" };
+    const char *how = pick(O.graph_build, ways, 7, i);
+    H g = NULL, tmp = NULL, node;
+    KernelNodeParams p = { kernel, 1, 1, 1, 128, 1, 1, 0, NULL, NULL };
+    long before = R.launches;
+    if (!strcmp(how, "capture") || !strcmp(how, "capture_v1") || !strcmp(how, "capture_ptsz")) {
+        if (!strcmp(how, "capture")) CHECK(D.cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture_v2");
+        else if (!strcmp(how, "capture_v1")) CHECK(D.cuStreamBeginCapture(stream), "cuStreamBeginCapture");
+        else CHECK(D.cuStreamBeginCapture_v2_ptsz(stream, 0), "cuStreamBeginCapture_v2_ptsz");
+        for (long j = 0; j < k; j++) do_launch((*launch_i)++);
+        CHECK((!strcmp(how, "capture_ptsz") ? D.cuStreamEndCapture_ptsz : D.cuStreamEndCapture)(stream, &g), "cuStreamEndCapture");
+    } else if (!strcmp(how, "nodes")) {
+        CHECK(D.cuGraphCreate(&g, 0), "cuGraphCreate");
+        for (long j = 0; j < k; j++)
+            CHECK((j & 1 ? D.cuGraphAddKernelNode_v2 : D.cuGraphAddKernelNode)(&node, g, NULL, 0, &p), "cuGraphAddKernelNode");
+    } else if (!strcmp(how, "to_graph")) {           /* one kernel node, the rest captured into it */
+        CHECK(D.cuGraphCreate(&g, 0), "cuGraphCreate");
+        if (k > 0) CHECK(D.cuGraphAddKernelNode(&node, g, NULL, 0, &p), "cuGraphAddKernelNode");
+        CHECK(D.cuStreamBeginCaptureToGraph(stream, g, NULL, NULL, 0, 0), "cuStreamBeginCaptureToGraph");
+        for (long j = 1; j < k; j++) do_launch((*launch_i)++);
+        CHECK(D.cuStreamEndCapture(stream, &tmp), "cuStreamEndCapture");
+    } else if (!strcmp(how, "child")) {              /* k-1 kernels in a child graph, plus one node */
+        CHECK(D.cuGraphCreate(&tmp, 0), "cuGraphCreate");
+        for (long j = 1; j < k; j++) CHECK(D.cuGraphAddKernelNode(&node, tmp, NULL, 0, &p), "cuGraphAddKernelNode");
+        CHECK(D.cuGraphCreate(&g, 0), "cuGraphCreate");
+        CHECK(D.cuGraphAddChildGraphNode(&node, g, NULL, 0, tmp), "cuGraphAddChildGraphNode");
+        if (k > 0) CHECK(D.cuGraphAddKernelNode(&node, g, NULL, 0, &p), "cuGraphAddKernelNode");
+    } else if (!strcmp(how, "clone")) {
+        CHECK(D.cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture_v2");
+        for (long j = 0; j < k; j++) do_launch((*launch_i)++);
+        CHECK(D.cuStreamEndCapture(stream, &tmp), "cuStreamEndCapture");
+        CHECK(D.cuGraphClone(&g, tmp), "cuGraphClone");
+    } else die("unknown --graph-build", 1);
+    R.captured_launches += R.launches - before;
+    R.launches = before;
+    if (O.graph_conditional) {
+        unsigned long long h;
+        CHECK(D.cuGraphConditionalHandleCreate(&h, g, ctx_handle, 1, 0), "cuGraphConditionalHandleCreate");
+    }
+    return g;
+}
+
+static H instantiate(long i, H g) {
+    H e;
+    switch (i % 3) {
+    case 0: CHECK(D.cuGraphInstantiateWithFlags(&e, g, 0), "cuGraphInstantiateWithFlags"); break;
+    case 1: CHECK(D.cuGraphInstantiateWithParams(&e, g, NULL), "cuGraphInstantiateWithParams"); break;
+    default: CHECK(D.cuGraphInstantiate_v2(&e, g, NULL, NULL, 0), "cuGraphInstantiate_v2"); break;
+    }
+    return e;
 }
 
 static void do_h2d(size_t n, long i) {
@@ -282,7 +368,8 @@ static void usage(void) {
     fprintf(stderr,
         "usage: cuda-workload [--lib PATH] [--device N] [--steps N | --duration S] [--kernels K]\n"
         "  [--kernel-us D] [--launch-api plain|ptsz|ex|ex_ptsz|coop|coop_ptsz|mix] [--graphs G]\n"
-        "  [--graph-kernels N] [--h2d-bytes B] [--h2d-api async|async_ptsz|sync|sync_ptds|legacy|mix]\n"
+        "  [--graph-kernels N] [--graph-build capture|capture_v1|capture_ptsz|nodes|to_graph|child|clone|mix]\n"
+        "  [--graph-conditional] [--graphs-early] [--graph-update] [--h2d-bytes B] [--h2d-api async|async_ptsz|sync|sync_ptds|legacy|mix]\n"
         "  [--d2h-sync-bytes B] [--d2h-api sync|sync_ptds|legacy|mix] [--d2h-async-bytes B]\n"
         "  [--sync-every S] [--sync-api stream|stream_ptsz|ctx|event|mix] [--host-us H]\n"
         "  [--host-work spin|sleep] [--incident none|host_sync|input_starvation|noisy_neighbor]\n"
@@ -294,7 +381,9 @@ int main(int argc, char **argv) {
     static struct option opts[] = {
         {"lib", 1, 0, 'l'}, {"device", 1, 0, 'd'}, {"steps", 1, 0, 's'}, {"duration", 1, 0, 'T'},
         {"kernels", 1, 0, 'k'}, {"kernel-us", 1, 0, 'K'}, {"launch-api", 1, 0, 'a'}, {"graphs", 1, 0, 'g'},
-        {"graph-kernels", 1, 0, 'G'}, {"h2d-bytes", 1, 0, 'b'}, {"h2d-api", 1, 0, 'B'},
+        {"graph-kernels", 1, 0, 'G'}, {"graph-build", 1, 0, 'j'}, {"graph-conditional", 0, 0, 'J'},
+        {"graphs-early", 0, 0, 'y'}, {"graph-update", 0, 0, 'u'},
+        {"h2d-bytes", 1, 0, 'b'}, {"h2d-api", 1, 0, 'B'},
         {"d2h-sync-bytes", 1, 0, 'c'}, {"d2h-api", 1, 0, 'C'}, {"d2h-async-bytes", 1, 0, 'A'},
         {"sync-every", 1, 0, 'e'}, {"sync-api", 1, 0, 'E'}, {"host-us", 1, 0, 'h'}, {"host-work", 1, 0, 'w'},
         {"incident", 1, 0, 'i'}, {"throttle", 1, 0, 't'}, {"control", 1, 0, 'f'}, {"wait-stdin", 0, 0, 'W'},
@@ -312,6 +401,10 @@ int main(int argc, char **argv) {
         case 'a': O.launch_api = optarg; break;
         case 'g': O.graphs = atol(optarg); break;
         case 'G': O.graph_kernels = atol(optarg); break;
+        case 'j': O.graph_build = optarg; break;
+        case 'J': O.graph_conditional = 1; break;
+        case 'y': O.graphs_early = 1; break;
+        case 'u': O.graph_update = 1; break;
         case 'b': O.h2d_bytes = atol(optarg); break;
         case 'B': O.h2d_api = optarg; break;
         case 'c': O.d2h_sync_bytes = atol(optarg); break;
@@ -342,30 +435,35 @@ int main(int argc, char **argv) {
     if (!lib) { fprintf(stderr, "cuda-workload: dlopen %s: %s\n", O.lib, dlerror()); return 2; }
     load(lib);
     int dev;
-    H ctx;
     static const char image[] = "stub module";
     CHECK(D.cuInit(0), "cuInit");
     CHECK(D.cuDeviceGet(&dev, O.device), "cuDeviceGet");
-    CHECK(D.cuCtxCreate_v2(&ctx, 0, dev), "cuCtxCreate_v2");
+    CHECK(D.cuCtxCreate_v2(&ctx_handle, 0, dev), "cuCtxCreate_v2");
     CHECK(D.cuModuleLoadData(&module, image), "cuModuleLoadData");
     kernel = function_for(K.kernel_us);
     CHECK(D.cuStreamCreate(&stream, 0), "cuStreamCreate");
     CHECK(D.cuEventCreate(&event, 0), "cuEventCreate");
     CHECK(D.cuMemAlloc_v2(&dbuf, 1 << 20), "cuMemAlloc_v2");
-    if (O.wait_stdin) {
-        printf("ready %d\n", (int)getpid());
-        wait_line();
-    }
-
-    double t0 = now_s();
     long launch_i = 0, h2d_i = 0, d2h_i = 0, sync_i = 0;
-    if (O.graphs > 0) {
-        H g;
-        CHECK(D.cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture_v2");
-        for (long i = 0; i < O.graph_kernels; i++) do_launch(launch_i++);   /* captured launches still call cuLaunchKernel */
-        CHECK(D.cuStreamEndCapture(stream, &g), "cuStreamEndCapture");
-        CHECK(D.cuGraphInstantiateWithFlags(&graph_exec, g, 0), "cuGraphInstantiateWithFlags");
+    if (O.graphs > MAX_GRAPHS) die("--graphs above 256", 1);
+    /* --graphs-early: graphs built before "ready", i.e. before a test's exporter attaches */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && O.wait_stdin) {
+            printf("ready %d\n", (int)getpid());
+            wait_line();
+        }
+        if (pass != (O.graphs_early ? 0 : 1)) continue;
+        for (long i = 0; i < O.graphs; i++) {
+            H g = build_graph(i, O.graph_kernels, &launch_i);
+            graph_execs[i] = instantiate(i, g);
+            graph_unknown_of[i] = O.graph_conditional;
+            if (O.graph_update) {               /* same topology, new parameters: an exec graph update */
+                CHECK(D.cuGraphExecUpdate_v2(graph_execs[i], g, NULL), "cuGraphExecUpdate_v2");
+                graph_unknown_of[i] = 1;
+            }
+        }
     }
+    double t0 = now_s();
     for (long step = 0; !K.stop; step++) {
         if (O.steps > 0 && step >= O.steps) break;
         if (O.steps == 0 && now_s() - t0 >= O.duration) break;
@@ -377,8 +475,10 @@ int main(int argc, char **argv) {
         if (K.d2h_sync_bytes > 0) do_d2h_sync((size_t)K.d2h_sync_bytes, d2h_i++);   /* "logging" copy mid-step */
         for (long i = half; i < K.kernels; i++) do_launch(launch_i++);
         for (long i = 0; i < O.graphs; i++) {
-            CHECK((i & 1 ? D.cuGraphLaunch_ptsz : D.cuGraphLaunch)(graph_exec, stream), "cuGraphLaunch");
+            CHECK((i & 1 ? D.cuGraphLaunch_ptsz : D.cuGraphLaunch)(graph_execs[i], stream), "cuGraphLaunch");
             R.graph_launches++;
+            if (graph_unknown_of[i]) R.graph_unknown++;
+            else R.graph_kernels += O.graph_kernels;
         }
         if (O.d2h_async_bytes > 0) do_d2h_async((size_t)O.d2h_async_bytes, (int)(step & 1));
         if (K.sync_every > 0 && (step + 1) % K.sync_every == 0) {
@@ -394,10 +494,12 @@ int main(int argc, char **argv) {
     }
     char report[1024];
     snprintf(report, sizeof report,
-        "{\"pid\": %d, \"steps\": %ld, \"launches\": %ld, \"graph_launches\": %ld, \"h2d_calls\": %ld, "
+        "{\"pid\": %d, \"steps\": %ld, \"launches\": %ld, \"captured_launches\": %ld, \"graph_launches\": %ld, "
+        "\"graph_kernels\": %ld, \"graph_unknown\": %ld, \"h2d_calls\": %ld, "
         "\"h2d_bytes\": %llu, \"d2h_calls\": %ld, \"d2h_bytes\": %llu, \"sync_calls\": %ld, "
         "\"sync_seconds\": %.6f, \"wall_seconds\": %.6f}",
-        (int)getpid(), R.steps, R.launches, R.graph_launches, R.h2d_calls, R.h2d_bytes, R.d2h_calls,
+        (int)getpid(), R.steps, R.launches, R.captured_launches, R.graph_launches, R.graph_kernels, R.graph_unknown,
+        R.h2d_calls, R.h2d_bytes, R.d2h_calls,
         R.d2h_bytes, R.sync_calls, R.sync_seconds, wall);
     printf("%s\n", report);
     if (O.report) {

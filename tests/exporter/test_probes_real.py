@@ -13,7 +13,9 @@ import subprocess
 
 import pytest
 
+from exporter.elfsyms import function_offsets
 from exporter.probes import ProbeUnavailable
+from exporter.symbols import DRIVER_PROBES
 from exporter.service import Exporter
 
 from .conftest import make_config, registration, requires_ebpf, scrape, value, wait_for
@@ -62,9 +64,12 @@ def test_counts_every_driver_call_exactly(libcuda, workloads, exporter_for, tmp_
     s = scrape(exp)
     labels = dict(namespace="team-a", pod="exact-pod", container="trainer", node="test-node", gpu="unknown",
                   gpulens_job="job1")        # the record's job_id
-    assert rep["launches"] == 50_004                     # 500 x 100, plus 4 captured into the graph
+    # 500 x 100 run; the 3 x 4 launches captured into the graphs did not run then and are not counted
+    assert rep["launches"] == 50_000 and rep["captured_launches"] == 12
     assert value(s, "gpulens_kernel_launches_total", **labels) == rep["launches"]
     assert value(s, "gpulens_graph_launches_total", **labels) == rep["graph_launches"] == 1500
+    assert value(s, "gpulens_graph_kernels_total", **labels) == rep["graph_kernels"] == 1500 * 4
+    assert value(s, "gpulens_graph_unknown_launches_total", **labels) == 0
     assert value(s, "gpulens_memcpy_bytes_total", direction="h2d", **labels) == rep["h2d_bytes"] == 500 * 4096
     assert value(s, "gpulens_memcpy_bytes_total", direction="d2h", **labels) == rep["d2h_bytes"]
     assert value(s, "gpulens_memcpy_calls_total", direction="h2d", **labels) == rep["h2d_calls"]
@@ -288,7 +293,10 @@ def test_per_probe_attachment_fallback_counts_the_same(libcuda, workloads, expor
                   "--h2d-api", "mix", "--d2h-sync-bytes", "10", "--d2h-api", "mix", "--sync-every", "5",
                   "--sync-api", "mix", "--graphs", "1")
     attached(exp)
-    assert exp.probes.probes_attached == 31 and not exp.probes._attachments[next(iter(exp.probes.libraries))].links
+    specs = [p for p in DRIVER_PROBES if p.symbol in function_offsets(str(libcuda), [q.symbol for q in DRIVER_PROBES])]
+    expected = len(specs) + sum(1 for p in specs if p.ret)           # one perf uprobe per entry and per return
+    assert exp.probes.probes_attached == expected
+    assert not exp.probes._attachments[next(iter(exp.probes.libraries))].links
     w.go()
     rep = w.report()
     s = scrape(exp)
