@@ -45,7 +45,11 @@ def run(exp, workloads, libcuda, reg, pod, *args):
     attached(exp)
     w.go()
     rep = w.report()
-    return w, rep, scrape(exp)
+    # the process's series appear once it is settled (its registration record read at a tick)
+    s = wait_for(lambda: (lambda s: s if value(s, "gpulens_graph_launches_total", pod=pod) is not None
+                          or value(s, "gpulens_kernel_launches_total", pod=pod) is not None else None)(scrape(exp)),
+                 what=f"series of pod {pod}")
+    return w, rep, s
 
 
 @pytest.mark.parametrize("multi_links", [True, False], ids=["multi-link", "perf-events"])
