@@ -1,7 +1,8 @@
 """Node agent benchmarks: verification throughput, and observation latency under a big verification.
 
 1. Throughput: the agent's streaming verifier (`verify_trace`: parse, check, sha256) next to a
-   plain `json.load` of the same Kineto-shaped file, each in a fresh process (so peak RSS is the
+   plain `json.load` of the same Kineto-shaped file and to ijson's C backend (yajl2_c) doing the
+   same per-event checks and hashing, each in a fresh process (so peak RSS is the
    variant's own), interleaved, medians.
 2. Observation latency: small trace files renamed into a watched folder, time until the agent's
    observer reports them, (a) idle, (b) while a ~1 GB file verifies in the agent's process pool,
@@ -77,6 +78,38 @@ if how == "json.load":
     with open(path) as f:
         doc = json.load(f)
     ok = isinstance(doc, dict)
+elif how == "ijson":
+    # ijson's C backend (yajl2_c) doing the same per-event work as verify_trace (events only: it
+    # has no cheap way to hand back the top-level keys, so this is an upper bound for it)
+    import hashlib, ijson
+    from bench.agent_verify import PID
+    assert ijson.backend == "yajl2_c", ijson.backend
+    sha, cats = hashlib.sha256(), {}
+    class Hashing:
+        def __init__(self, f):
+            self.f = f
+        def read(self, n):
+            d = self.f.read(n)
+            sha.update(d)
+            return d
+    ts_min = ts_max = None
+    foreign = 0
+    with open(path, "rb") as f:
+        for item in ijson.items(Hashing(f), "traceEvents.item", use_float=True, buf_size=1 << 20):
+            if not isinstance(item, dict):
+                continue
+            cat = item.get("cat")
+            if cat is not None:
+                cats[cat] = cats.get(cat, 0) + 1
+            ph, ts = item.get("ph"), item.get("ts")
+            if ph != "M" and isinstance(ts, (int, float)) and not isinstance(ts, bool):
+                dur = item.get("dur")
+                end = ts + dur if isinstance(dur, (int, float)) and not isinstance(dur, bool) else ts
+                ts_min = ts if ts_min is None or ts < ts_min else ts_min
+                ts_max = end if ts_max is None or end > ts_max else ts_max
+            if cat == "cpu_op" and item.get("pid") != PID:
+                foreign += 1
+    ok = foreign == 0 and cats.get("cpu_op", 0) > 0
 else:
     from bench.agent_verify import expectation
     from capture.agent.verification import verify_trace
@@ -88,7 +121,7 @@ print(json.dumps({"s": dt, "ok": ok, "rss_mb": resource.getrusage(resource.RUSAG
 
 def throughput(path: Path, runs: int) -> dict[str, dict[str, float]]:
     repo = str(Path(__file__).resolve().parent.parent)
-    results: dict[str, list[dict]] = {"json.load": [], "verify_trace": []}
+    results: dict[str, list[dict]] = {"json.load": [], "verify_trace": [], "ijson": []}
     for _ in range(runs):
         for how in results:
             out = subprocess.run([sys.executable, "-c", CHILD, str(path), how, repo], capture_output=True, text=True,
@@ -158,6 +191,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--throughput-only", action="store_true", help="skip the observation-latency part")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir, prefix="gl-bench-") as d:
         d = Path(d)
@@ -169,6 +203,10 @@ def main() -> None:
             print(f"  {how:<13} {r['mb_s']:7.1f} MB/s  {r['s']:6.2f} s  peak RSS {r['rss_mb']:7.0f} MiB  ok={r['ok']}")
         print(f"  verify_trace / json.load speed: {tp['verify_trace']['mb_s'] / tp['json.load']['mb_s']:.2f}x, "
               f"memory: {tp['verify_trace']['rss_mb'] / tp['json.load']['rss_mb']:.2f}x")
+        print(f"  ijson (yajl2_c, events only) / json.load speed: {tp['ijson']['mb_s'] / tp['json.load']['mb_s']:.2f}x, "
+              f"ijson / verify_trace: {tp['ijson']['mb_s'] / tp['verify_trace']['mb_s']:.2f}x")
+        if a.throughput_only:
+            return
         trace.unlink()
         big = d / "big_4242.json"
         make_trace(big, a.big_mb)
