@@ -1,0 +1,431 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes (1.20.2 from Debian's source package) for the gpulens tests.
+#   cluster.sh up       build (cached) and start: etcd, apiserver, controller-manager, scheduler,
+#                       containerd+runc+CNI bridge, kubelet, kube-proxy, cluster DNS; waits for Ready
+#   cluster.sh down     stop everything and undo every side effect (sysctls, iptables chains,
+#                       cgroups, mounts, netns, bridge, state); safe to run twice
+#   cluster.sh status   one line per component; exit 0 only when the node is Ready
+#   cluster.sh env      prints KUBECONFIG=... for the admin kubeconfig
+#   cluster.sh load IMAGE.tar   import an image archive into the cluster's containerd
+# Layout: binaries cached in $GPULENS_CLUSTER_CACHE (/var/cache/gpulens-cluster; kept by down),
+# state in /var/lib/gpulens-cluster and /run/gpulens-cluster (removed by down).
+# Network: bridge gl-cni0 10.244.0.1/24 (pods, node IP, apiserver, DNS), Services 10.96.0.0/16.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+CACHE=${GPULENS_CLUSTER_CACHE:-/var/cache/gpulens-cluster}
+STATE=/var/lib/gpulens-cluster
+RUN=/run/gpulens-cluster
+PKI=$STATE/pki
+LOGS=$STATE/logs
+BR=gl-cni0
+GW=10.244.0.1
+POD_CIDR=10.244.0.0/24
+SVC_CIDR=10.96.0.0/16
+SVC_API=10.96.0.1
+NODE=gpulens-node
+APISERVER=https://$GW:6443
+ETCD_PORT=23790
+SOCK=$RUN/containerd.sock
+PAUSE_REF=localhost/gpulens-pause:1
+SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+         net.ipv4.conf.all.route_localnet vm.overcommit_memory kernel.panic kernel.panic_on_oops
+         net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
+         net.netfilter.nf_conntrack_tcp_timeout_close_wait kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
+say() { printf '[cluster] %s\n' "$*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+
+# ---- helpers ---------------------------------------------------------------------------------
+wait_for() {  # wait_for SECONDS DESCRIPTION CMD...: poll CMD until it succeeds, or fail with the log hint
+  local t=$1 what=$2; shift 2
+  local end=$(( $(date +%s) + t ))
+  until "$@" >/dev/null 2>&1; do
+    (( $(date +%s) < end )) || { say "timed out after ${t}s waiting for $what"; return 1; }
+    sleep 0.2
+  done
+}
+start() {  # start NAME CMD...: run in the background, pid in $RUN/NAME.pid, log in $LOGS/NAME.log
+  local name=$1; shift
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
+  echo $! > "$RUN/$name.pid"
+}
+alive() { local p; p=$(cat "$RUN/$1.pid" 2>/dev/null) && kill -0 "$p" 2>/dev/null; }
+kapi() {  # kapi PATH [curl args]: admin request to the apiserver
+  local path=$1; shift
+  curl -sf --max-time 10 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$@" "$APISERVER$path"
+}
+
+# ---- PKI -------------------------------------------------------------------------------------
+cert() {  # cert NAME SUBJECT [SANS]: a key + CA-signed cert
+  local name=$1 subj=$2 sans=${3:-}
+  openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  local ext="$PKI/$name.ext"
+  { echo "basicConstraints=CA:FALSE"; echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"; [ -n "$sans" ] && echo "subjectAltName=$sans"; } > "$ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -days 30 -sha256 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$ext"
+}
+kubeconfig() {  # kubeconfig NAME CERTNAME
+  cat > "$STATE/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: gpulens
+  cluster: {server: "$APISERVER", certificate-authority: "$PKI/ca.crt"}
+users:
+- name: $1
+  user: {client-certificate: "$PKI/$2.crt", client-key: "$PKI/$2.key"}
+contexts:
+- name: gpulens
+  context: {cluster: gpulens, user: $1}
+current-context: gpulens
+EOF
+}
+make_pki() {
+  mkdir -p "$PKI"; chmod 700 "$PKI"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" -days 30 \
+    -subj "/CN=gpulens-cluster-ca" 2>/dev/null
+  cert apiserver "/CN=kube-apiserver" \
+    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$GW,IP:$SVC_API"
+  cert admin "/O=system:masters/CN=admin"
+  cert apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  cert node "/O=system:nodes/CN=system:node:$NODE"
+  cert kubelet-serving "/CN=$NODE" "DNS:$NODE,DNS:localhost,IP:127.0.0.1,IP:$GW"
+  cert controller-manager "/CN=system:kube-controller-manager"
+  cert scheduler "/CN=system:kube-scheduler"
+  cert proxy "/CN=system:kube-proxy"
+  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  kubeconfig admin admin; kubeconfig node node; kubeconfig controller-manager controller-manager
+  kubeconfig scheduler scheduler; kubeconfig proxy proxy
+}
+
+# ---- side effects we own: recorded before up, undone by down -----------------------------------
+save_sysctls() {
+  [ -s "$RUN/sysctls.saved" ] && return 0
+  local k
+  for k in "${SYSCTLS[@]}"; do
+    [ -e "/proc/sys/${k//.//}" ] && echo "$k=$(cat "/proc/sys/${k//.//}")"
+  done > "$RUN/sysctls.saved"
+}
+save_our_sysctls() {  # the values while up: down restores a key only if it still holds ours
+  local k
+  for k in "${SYSCTLS[@]}"; do
+    [ -e "/proc/sys/${k//.//}" ] && echo "$k=$(cat "/proc/sys/${k//.//}")"
+  done > "$RUN/sysctls.ours"
+}
+restore_sysctls() {
+  [ -s "$RUN/sysctls.saved" ] || return 0
+  local line k cur ours
+  while IFS= read -r line; do
+    k=${line%%=*}
+    cur=$(cat "/proc/sys/${k//.//}" 2>/dev/null) || continue
+    ours=$(grep -m1 "^$k=" "$RUN/sysctls.ours" 2>/dev/null | cut -d= -f2-) || true
+    # Someone else changed it after us (another tool on this machine): theirs now, leave it.
+    if [ -n "$ours" ] && [ "$cur" != "$ours" ]; then say "leaving $k=$cur (changed by someone else)"; continue; fi
+    [ "$cur" = "${line#*=}" ] || sysctl -q -w "$line" >/dev/null 2>&1 || say "could not restore $line"
+  done < "$RUN/sysctls.saved"
+}
+drop_iptables_chains() {  # every KUBE-* chain (kubelet's and kube-proxy's) in every table, v4 and v6
+  local ipt table line chain
+  for ipt in iptables ip6tables; do
+    for table in filter nat mangle raw; do
+      $ipt -t $table -S >/dev/null 2>&1 || continue
+      # jumps from any chain into ours first, then our chains' rules, then the chains
+      $ipt -t $table -S | grep -E -- '-j KUBE-|-A KUBE-' | grep -v -- '^-A KUBE-' | sed 's/^-A /-D /' \
+        | while IFS= read -r line; do eval "$ipt -t $table $line" 2>/dev/null || true; done || true
+      for chain in $($ipt -t $table -S | awk '$1=="-N" && $2 ~ /^KUBE-/ {print $2}'); do
+        $ipt -t $table -F "$chain" 2>/dev/null || true
+      done
+      for chain in $($ipt -t $table -S | awk '$1=="-N" && $2 ~ /^KUBE-/ {print $2}'); do
+        $ipt -t $table -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
+}
+cgroup_roots() { local d; for d in /sys/fs/cgroup/*/; do [ -d "$d/kubepods" ] && echo "$d/kubepods"; done; true; }
+kill_pod_processes() {  # every process in a pod cgroup (containers, pause): all started by this cluster
+  local root f pid
+  for root in $(cgroup_roots); do
+    while IFS= read -r f; do
+      while IFS= read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < "$f"
+    done < <(find "$root" -name cgroup.procs 2>/dev/null)
+  done
+}
+remove_cgroups() {
+  local root
+  for root in $(cgroup_roots); do
+    find "$root" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  if [ -n "$(cgroup_roots)" ]; then
+    sleep 0.5; for root in $(cgroup_roots); do find "$root" -depth -type d -exec rmdir {} \; 2>/dev/null || true; done
+  fi
+}
+our_pids() {  # our_pids [REGEX]: processes whose command line matches (default: names our state dirs)
+  local p re=${1:-"$RUN/|$STATE/"}
+  for p in /proc/[0-9]*; do
+    [ "${p#/proc/}" = "$$" ] && continue
+    tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -qE -- "$re" && echo "${p#/proc/}"
+  done; true
+}
+unmount_ours() {
+  local m
+  for _ in 1 2 3; do
+    awk -v s="$STATE" -v r="$RUN" '$5 ~ "^" s || $5 ~ "^" r {print $5}' /proc/self/mountinfo | sort -r | \
+      while IFS= read -r m; do umount -l "$m" 2>/dev/null || true; done || true
+  done
+  # network namespaces the CRI created for pod sandboxes (cni-<uuid>); recorded ones predate us
+  if [ -d /run/netns ]; then
+    for m in /run/netns/cni-*; do
+      [ -e "$m" ] || continue
+      grep -qxF "$m" "$RUN/netns.before" 2>/dev/null && continue
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; rm -f "$m"
+    done
+    [ "$(cat "$RUN/netns.dir" 2>/dev/null)" = created ] && rmdir /run/netns 2>/dev/null || true
+  fi
+}
+
+# ---- components --------------------------------------------------------------------------------
+write_configs() {
+  mkdir -p "$STATE/cni/net.d" "$STATE/containerd" "$RUN/containerd" "$STATE/kubelet" "$RUN/dns"
+  cat > "$STATE/cni/net.d/10-gpulens.conflist" <<EOF
+{"cniVersion": "0.4.0", "name": "gpulens",
+ "plugins": [{"type": "bridge", "bridge": "$BR", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+              "ipam": {"type": "host-local", "dataDir": "$STATE/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$GW"}]],
+                       "routes": [{"dst": "0.0.0.0/0"}]}},
+             {"type": "loopback"}]}
+EOF
+  cat > "$STATE/containerd/config.toml" <<EOF
+version = 2
+root = "$STATE/containerd/root"
+state = "$RUN/containerd/state"
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_REF"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = ""
+EOF
+  printf 'search cluster.local\nnameserver %s\noptions ndots:5\n' "$GW" > "$STATE/kubelet/resolv.conf"
+  cat > "$STATE/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $GW
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+tlsCertFile: "$PKI/kubelet-serving.crt"
+tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
+cgroupDriver: cgroupfs
+failSwapOn: false
+maxOpenFiles: 20000
+oomScoreAdj: 0
+clusterDNS: ["$GW"]
+clusterDomain: cluster.local
+resolvConf: "$STATE/kubelet/resolv.conf"
+serializeImagePulls: false
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+runtimeRequestTimeout: 5m
+EOF
+  cat > "$STATE/proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$STATE/proxy.kubeconfig"}
+mode: iptables
+hostnameOverride: $NODE
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+clusterCIDR: $POD_CIDR
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+}
+
+build_pause() {
+  local d="$CACHE/pause"
+  local want; want=$(cat "$HERE/pause/pause.c" "$HERE/oci_image.py" | sha256sum | cut -c1-16)
+  if [ "$(cat "$d/stamp" 2>/dev/null)" != "$want" ]; then
+    mkdir -p "$d"
+    gcc -static -Os -o "$d/pause" "$HERE/pause/pause.c"
+    python3 "$HERE/oci_image.py" --ref "$PAUSE_REF" --out "$d/pause.tar" --entrypoint /pause --user 65535:65535 "$d/pause:pause" >/dev/null
+    echo "$want" > "$d/stamp"
+  fi
+}
+
+node_ready() {
+  kapi "/api/v1/nodes/$NODE" | python3 -c 'import json,sys; n=json.load(sys.stdin); sys.exit(0 if any(c["type"]=="Ready" and c["status"]=="True" for c in n["status"]["conditions"]) else 1)'
+}
+sa_ready() { kapi /api/v1/namespaces/default/serviceaccounts/default >/dev/null; }
+
+cmd_up() {
+  local t0; t0=$(now)
+  [ "$(id -u)" = 0 ] || die "needs root"
+  if [ -e "$RUN/up" ] && node_ready; then say "already up"; cmd_env; return 0; fi
+  [ -e "$RUN" ] && { say "leftovers from an earlier run: cleaning up first"; cmd_down; }
+  bash "$HERE/deps.sh"
+  local BIN; BIN=$(bash "$HERE/build.sh" | tail -n1)
+  local tb; tb=$(elapsed "$t0"); say "binaries ready (${tb}s): $BIN"
+  mkdir -p "$RUN" "$STATE" "$LOGS"
+  echo "$BIN" > "$RUN/bin"
+  save_sysctls
+  ls -d /run/netns/cni-* 2>/dev/null > "$RUN/netns.before" || true
+  [ -d /run/netns ] && echo existed > "$RUN/netns.dir" || echo created > "$RUN/netns.dir"
+  make_pki; write_configs; build_pause
+  sysctl -q -w net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1
+  # The bridge exists before anything else: apiserver, kubelet and DNS bind its gateway address.
+  ip link add "$BR" type bridge 2>/dev/null || true
+  ip addr replace "$GW/24" dev "$BR"; ip link set "$BR" up
+
+  start etcd /usr/bin/etcd --name gpulens --data-dir "$STATE/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
+    --initial-cluster gpulens=http://127.0.0.1:23800
+  wait_for 30 etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+
+  start apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address="$GW" --secure-port=6443 --advertise-address="$GW" --insecure-port=0 \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction --allow-privileged=true \
+    --service-cluster-ip-range="$SVC_CIDR" --client-ca-file="$PKI/ca.crt" \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --kubelet-client-certificate="$PKI/apiserver-kubelet.crt" --kubelet-client-key="$PKI/apiserver-kubelet.key" \
+    --kubelet-certificate-authority="$PKI/ca.crt" --kubelet-preferred-address-types=InternalIP,Hostname \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local --api-audiences=https://kubernetes.default.svc.cluster.local \
+    --profiling=false --v=1
+  wait_for 60 "apiserver /readyz" kapi /readyz
+
+  start controller-manager "$BIN/kube-controller-manager" --kubeconfig="$STATE/controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$STATE/controller-manager.kubeconfig" --authorization-kubeconfig="$STATE/controller-manager.kubeconfig" \
+    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+    --use-service-account-credentials --leader-elect=false --port=0 --bind-address=127.0.0.1 --secure-port=10257 \
+    --allocate-node-cidrs=false --controllers='*,-nodeipam,-cloud-node-lifecycle' --profiling=false
+  start scheduler "$BIN/kube-scheduler" --kubeconfig="$STATE/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$STATE/scheduler.kubeconfig" --authorization-kubeconfig="$STATE/scheduler.kubeconfig" \
+    --leader-elect=false --port=0 --bind-address=127.0.0.1 --secure-port=10259 --profiling=false
+
+  start containerd /usr/bin/containerd --config "$STATE/containerd/config.toml"
+  wait_for 30 containerd ctr --address "$SOCK" version
+  ctr --address "$SOCK" -n k8s.io images import "$CACHE/pause/pause.tar" >/dev/null
+
+  start kubelet "$BIN/kubelet" --config="$STATE/kubelet/config.yaml" --kubeconfig="$STATE/node.kubeconfig" \
+    --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" --image-service-endpoint="unix://$SOCK" \
+    --hostname-override="$NODE" --node-ip="$GW" --root-dir="$STATE/kubelet" --cert-dir="$PKI/kubelet" --v=1
+  start proxy "$BIN/kube-proxy" --config="$STATE/proxy.yaml"
+
+  # cluster DNS: dnsmasq answers cluster.local from files the feeder keeps in step with Services
+  : > "$RUN/dns/services"
+  start dnsmasq /usr/sbin/dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts \
+    --bind-interfaces --listen-address="$GW" --except-interface=lo --port=53 --local=/cluster.local/ \
+    --hostsdir="$RUN/dns" --no-negcache --pid-file="$RUN/dnsmasq.real.pid" --user=root --log-facility=-
+  start dns-feed python3 "$HERE/dns_feed.py" --server "$APISERVER" --ca "$PKI/ca.crt" \
+    --cert "$PKI/admin.crt" --key "$PKI/admin.key" --out "$RUN/dns/services"
+
+  wait_for 120 "node Ready" node_ready
+  wait_for 60 "default ServiceAccount" sa_ready
+  wait_for 30 "kube-proxy rules" iptables -t nat -S KUBE-SERVICES
+  save_our_sysctls
+  touch "$RUN/up"
+  say "up in $(elapsed "$t0")s (binaries ${tb}s); KUBECONFIG=$STATE/admin.kubeconfig"
+  cmd_env
+}
+
+cmd_down() {
+  local t0 name pid; t0=$(now)
+  [ -e "$RUN" ] || [ -e "$STATE" ] || { say "not running"; return 0; }
+  # Controllers first (they would recreate what is deleted), then ask the kubelet to tear pod
+  # sandboxes down properly (CNI DEL, volume unmounts) while it still runs.
+  for name in controller-manager scheduler; do
+    pid=$(cat "$RUN/$name.pid" 2>/dev/null) && kill "$pid" 2>/dev/null || true
+  done
+  if alive kubelet && alive apiserver; then
+    local ns
+    for ns in $(kapi /api/v1/namespaces | python3 -c 'import json,sys; print(" ".join(i["metadata"]["name"] for i in json.load(sys.stdin)["items"]))' 2>/dev/null); do
+      kapi "/api/v1/namespaces/$ns/pods?gracePeriodSeconds=0" -X DELETE -o /dev/null || true
+    done
+    wait_for 30 "pods gone" bash -c "! ls -d $STATE/kubelet/pods/*/ >/dev/null 2>&1" || true
+  fi
+  for name in dns-feed dnsmasq proxy kubelet scheduler controller-manager apiserver; do
+    pid=$(cat "$RUN/$name.pid" 2>/dev/null) || continue
+    kill "$pid" 2>/dev/null || true
+  done
+  for name in dns-feed dnsmasq proxy kubelet scheduler controller-manager apiserver; do
+    wait_for 15 "$name to exit" bash -c "! kill -0 $(cat "$RUN/$name.pid" 2>/dev/null || echo 999999999)" \
+      || kill -9 "$(cat "$RUN/$name.pid")" 2>/dev/null || true
+  done
+  kill_pod_processes
+  for pid in $(our_pids "containerd-shim.* $SOCK"); do kill -9 "$pid" 2>/dev/null || true; done
+  for name in containerd etcd; do
+    pid=$(cat "$RUN/$name.pid" 2>/dev/null) || continue
+    kill "$pid" 2>/dev/null || true
+    wait_for 15 "$name to exit" bash -c "! kill -0 $pid" || kill -9 "$pid" 2>/dev/null || true
+  done
+  for pid in $(our_pids); do kill -9 "$pid" 2>/dev/null || true; done
+  wait_for 10 "our processes gone" bash -c "[ -z \"\$(bash '$0' _our_pids)\" ]" || true
+  if [ -x "$(cat "$RUN/bin" 2>/dev/null)/kube-proxy" ]; then
+    "$(cat "$RUN/bin")/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  fi
+  drop_iptables_chains
+  kill_pod_processes
+  remove_cgroups
+  unmount_ours
+  ip link del "$BR" 2>/dev/null || true
+  # veths whose pod netns is gone disappear with it; any still attached to nothing are ours only
+  # if they were enslaved to our bridge, which no longer exists
+  restore_sysctls
+  rm -rf "$STATE" "$RUN"
+  say "down in $(elapsed "$t0")s"
+}
+
+cmd_status() {
+  local name rc=0
+  for name in etcd apiserver controller-manager scheduler containerd kubelet proxy dnsmasq dns-feed; do
+    if alive "$name"; then echo "$name running pid $(cat "$RUN/$name.pid")"; else echo "$name stopped"; rc=1; fi
+  done
+  if [ -e "$PKI/admin.crt" ] && node_ready 2>/dev/null; then echo "node $NODE Ready"; else echo "node $NODE not ready"; rc=1; fi
+  return $rc
+}
+cmd_env() { echo "KUBECONFIG=$STATE/admin.kubeconfig"; }
+cmd_load() {
+  [ -n "${1:-}" ] || die "usage: cluster.sh load IMAGE.tar"
+  ctr --address "$SOCK" -n k8s.io images import --all-platforms "$1" >&2
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  load) shift; cmd_load "$@" ;;
+  _our_pids) our_pids ;;
+  *) echo "usage: $0 up|down|status|env|load IMAGE.tar" >&2; exit 2 ;;
+esac

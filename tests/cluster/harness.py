@@ -1,0 +1,121 @@
+"""Driving the real test cluster (cluster/cluster.sh) from tests: up/down, the admin API client,
+and the machine state that `down` must give back."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "cluster.sh"
+STATE = Path("/var/lib/gpulens-cluster")
+RUN = Path("/run/gpulens-cluster")
+KUBECONFIG = STATE / "admin.kubeconfig"
+PKI = STATE / "pki"
+BRIDGE = "gl-cni0"
+NODE = "gpulens-node"
+TOOLBOX = "localhost/gpulens-toolbox:1"      # conftest builds it from Debian's busybox-static
+BB = "/bin/busybox"
+#: The sysctls the cluster changes (kubelet, kube-proxy, bridge netfilter); the same list as cluster.sh.
+SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables",
+           "net.ipv4.conf.all.route_localnet", "vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops",
+           "net.netfilter.nf_conntrack_max", "net.netfilter.nf_conntrack_tcp_timeout_established",
+           "net.netfilter.nf_conntrack_tcp_timeout_close_wait", "kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes")
+#: A cold `up` compiles Kubernetes (~10 min on 2 busy cores); generous but bounded.
+UP_TIMEOUT_S = 45 * 60
+
+T = TypeVar("T")
+
+
+def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def up() -> float:
+    """Start the cluster; returns the wall time. Raises with the script's stderr on failure."""
+    t0 = time.monotonic()
+    r = cluster_sh("up", timeout=UP_TIMEOUT_S)
+    if r.returncode != 0:
+        raise RuntimeError(f"cluster.sh up failed ({r.returncode}):\n{r.stderr[-6000:]}")
+    return time.monotonic() - t0
+
+
+def down() -> float:
+    t0 = time.monotonic()
+    r = cluster_sh("down", timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"cluster.sh down failed ({r.returncode}):\n{r.stderr[-6000:]}")
+    return time.monotonic() - t0
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120, interval: float = 0.5) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` (and the last error)."""
+    end, last = time.monotonic() + timeout, None
+    while time.monotonic() < end:
+        try:
+            got = probe()
+            if got:
+                return got
+        except Exception as e:  # noqa: BLE001 - reported if the wait fails
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last!r})")
+
+
+@dataclass(frozen=True)
+class MachineState:
+    """What the cluster touches outside its own directories: all of it must be back after `down`."""
+
+    sysctls: tuple[tuple[str, str], ...]
+    kube_chains: frozenset[str]
+    kubepods_cgroups: frozenset[str]
+    mounts: frozenset[str]
+    links: frozenset[str]
+    processes: frozenset[str]
+    state_dirs: frozenset[str]
+
+
+def _chains() -> set[str]:
+    out = set()
+    for ipt in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle", "raw"):
+            r = subprocess.run([ipt, "-t", table, "-S"], capture_output=True, text=True)
+            for line in r.stdout.splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "-N" and parts[1].startswith("KUBE-"):
+                    out.add(f"{ipt}/{table}/{parts[1]}")
+                if "-j KUBE-" in line and not line.startswith("-A KUBE-"):
+                    out.add(f"{ipt}/{table}/jump: {line}")
+    return out
+
+
+def machine_state() -> MachineState:
+    sysctls = []
+    for k in SYSCTLS:
+        p = Path("/proc/sys") / k.replace(".", "/")
+        if p.exists():
+            sysctls.append((k, p.read_text().strip()))
+    cgroups = {str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")}
+    ours = re.compile(r"^(/var/lib/gpulens-cluster|/run/gpulens-cluster|/run/netns/cni-)")
+    mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if ours.match(line.split()[4])}
+    links = {line.split(":")[1].strip().split("@")[0] for line in
+             subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()}
+    links = {name for name in links if name == BRIDGE}
+    procs = set()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "/var/lib/gpulens-cluster/" in cmd or "/run/gpulens-cluster/" in cmd:
+                procs.add(f"{p.name} {cmd.strip()}")
+    dirs = {str(d) for d in (STATE, RUN) if d.exists()}
+    return MachineState(tuple(sysctls), frozenset(_chains()), frozenset(cgroups), frozenset(mounts),
+                        frozenset(links), frozenset(procs), frozenset(dirs))

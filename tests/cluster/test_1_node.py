@@ -1,0 +1,87 @@
+"""The harness gives a working cluster: a Ready node, pods in real kubelet cgroups, Service
+routing by kube-proxy, cluster DNS for Services (and none for what does not exist), and the
+apiserver reachable from pods at its Service IP."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .harness import BB, NODE, cluster_sh, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
+
+
+@pytest.fixture
+def namespace(api):
+    from kubernetes import client
+    name = f"gl-harness-{uuid.uuid4().hex[:8]}"
+    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_until("default ServiceAccount", lambda: api.read_namespaced_service_account("default", name), 60)
+    yield name
+    api.delete_namespace(name)
+
+
+def pod(name: str, image: str, script: str, *, labels: dict | None = None, restart: str = "Never") -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
+            "spec": {"restartPolicy": restart, "terminationGracePeriodSeconds": 1, "enableServiceLinks": False,
+                     "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                                     "command": [BB, "sh", "-c", script]}]}}
+
+
+def finished(api, ns: str, name: str):
+    p = api.read_namespaced_pod(name, ns)
+    return p if p.status.phase in ("Succeeded", "Failed") else None
+
+
+def test_node_ready_and_status(cluster, api):
+    node = api.read_node(NODE)
+    ready = [c for c in node.status.conditions if c.type == "Ready"]
+    assert ready and ready[0].status == "True"
+    assert node.status.node_info.kubelet_version == "v1.20.2"
+    assert {a.address for a in node.status.addresses if a.type == "InternalIP"} == {"10.244.0.1"}
+    r = cluster_sh("status")
+    assert r.returncode == 0, r.stdout
+    assert "stopped" not in r.stdout and f"node {NODE} Ready" in r.stdout
+
+
+def test_pod_runs_in_kubelet_cgroups(cluster, api, toolbox, namespace):
+    api.create_namespaced_pod(namespace, pod("sleeper", toolbox, f"{BB} sleep 600"))
+    p = wait_until("pod Running", lambda: (lambda p: p if p.status.phase == "Running" else None)(
+        api.read_namespaced_pod("sleeper", namespace)), 120)
+    cid = p.status.container_statuses[0].container_id.split("//", 1)[1]
+    qos = p.status.qos_class.lower()
+    cg = Path("/sys/fs/cgroup/memory/kubepods") / qos / f"pod{p.metadata.uid}" / cid
+    assert cg.is_dir(), f"no kubelet cgroup {cg}"
+    pids = (cg / "cgroup.procs").read_text().split()
+    assert pids, "the container's cgroup holds no process"
+    assert "sleep" in Path(f"/proc/{pids[0]}/cmdline").read_bytes().decode(errors="replace")
+
+
+def test_service_dns_and_routing(cluster, api, toolbox, namespace):
+    """A client pod reaches a web pod through the Service's DNS name (dnsmasq + feeder, kube-proxy);
+    a Service that does not exist does not resolve; `kubernetes.default` is the API's Service IP."""
+    api.create_namespaced_pod(namespace, pod(
+        "web", toolbox, f"{BB} mkdir -p /www && echo served-by-web > /www/index.html && {BB} httpd -f -p 8080 -h /www",
+        labels={"app": "web"}, restart="Always"))
+    api.create_namespaced_service(namespace, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    fqdn = f"web.{namespace}.svc.cluster.local"
+    script = (
+        f"for i in $({BB} seq 90); do {BB} wget -q -T 2 -O /tmp/got http://web/ && break; {BB} sleep 1; done; "
+        f"echo GOT=$({BB} cat /tmp/got); "
+        f"echo FQDN=$({BB} nslookup {fqdn} 2>&1 | {BB} grep -c Address); "
+        f"{BB} nslookup nope.{namespace}.svc.cluster.local >/dev/null 2>&1 && echo NOPE=resolved || echo NOPE=nxdomain; "
+        f"echo API=$({BB} nslookup kubernetes.default.svc.cluster.local 2>&1 | {BB} tail -n 2 | {BB} grep Address); "
+        f"{BB} nc -w 3 10.96.0.1 443 </dev/null && echo APICONN=ok || echo APICONN=fail")
+    api.create_namespaced_pod(namespace, pod("client", toolbox, script))
+    p = wait_until("client pod finished", lambda: finished(api, namespace, "client"), 180)
+    log = api.read_namespaced_pod_log("client", namespace)
+    assert p.status.phase == "Succeeded", log
+    assert "GOT=served-by-web" in log, log             # short name via search path, then kube-proxy DNAT
+    assert "NOPE=nxdomain" in log, log                 # no wildcard answers
+    assert "10.96.0.1" in log.split("API=")[1].splitlines()[0], log
+    assert "APICONN=ok" in log, log
