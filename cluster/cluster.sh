@@ -284,7 +284,9 @@ build_pause() {
 node_ready() {
   kapi "/api/v1/nodes/$NODE" | python3 -c 'import json,sys; n=json.load(sys.stdin); sys.exit(0 if any(c["type"]=="Ready" and c["status"]=="True" for c in n["status"]["conditions"]) else 1)'
 }
-sa_ready() { kapi /api/v1/namespaces/default/serviceaccounts/default >/dev/null; }
+sa_ready() {  # the token Secret too: 1.20 refuses pods with a 500 until it exists
+  kapi /api/v1/namespaces/default/serviceaccounts/default | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("secrets") else 1)'
+}
 
 cmd_up() {
   local t0; t0=$(now)
@@ -305,6 +307,8 @@ cmd_up() {
   ip link add "$BR" type bridge 2>/dev/null || true
   ip addr replace "$GW/24" dev "$BR"; ip link set "$BR" up
 
+  # etcd on tmpfs: its fsyncs on a busy shared disk stretch the apiserver's bootstrap to minutes.
+  mkdir -p "$STATE/etcd"; mount -t tmpfs -o size=512m,mode=0700 gpulens-etcd "$STATE/etcd"
   start etcd /usr/bin/etcd --name gpulens --data-dir "$STATE/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
@@ -321,7 +325,7 @@ cmd_up() {
     --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local --api-audiences=https://kubernetes.default.svc.cluster.local \
     --profiling=false --v=1
-  wait_for 60 "apiserver /readyz" kapi /readyz
+  wait_for 240 "apiserver /readyz" kapi /readyz
 
   start controller-manager "$BIN/kube-controller-manager" --kubeconfig="$STATE/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$STATE/controller-manager.kubeconfig" --authorization-kubeconfig="$STATE/controller-manager.kubeconfig" \
@@ -350,8 +354,8 @@ cmd_up() {
   start dns-feed python3 "$HERE/dns_feed.py" --server "$APISERVER" --ca "$PKI/ca.crt" \
     --cert "$PKI/admin.crt" --key "$PKI/admin.key" --out "$RUN/dns/services"
 
-  wait_for 120 "node Ready" node_ready
-  wait_for 60 "default ServiceAccount" sa_ready
+  wait_for 240 "node Ready" node_ready
+  wait_for 120 "default ServiceAccount" sa_ready
   wait_for 30 "kube-proxy rules" iptables -t nat -S KUBE-SERVICES
   save_our_sysctls
   touch "$RUN/up"

@@ -19,7 +19,8 @@ def namespace(api):
     from kubernetes import client
     name = f"gl-harness-{uuid.uuid4().hex[:8]}"
     api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_until("default ServiceAccount", lambda: api.read_namespaced_service_account("default", name), 60)
+    # 1.20 refuses pods (500 "No API token found") until the ServiceAccount's token Secret exists
+    wait_until("default ServiceAccount token", lambda: api.read_namespaced_service_account("default", name).secrets, 60)
     yield name
     api.delete_namespace(name)
 
@@ -66,22 +67,25 @@ def test_service_dns_and_routing(cluster, api, toolbox, namespace):
     api.create_namespaced_pod(namespace, pod(
         "web", toolbox, f"{BB} mkdir -p /www && echo served-by-web > /www/index.html && {BB} httpd -f -p 8080 -h /www",
         labels={"app": "web"}, restart="Always"))
-    api.create_namespaced_service(namespace, {
+    svc = api.create_namespaced_service(namespace, {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
         "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
-    fqdn = f"web.{namespace}.svc.cluster.local"
+    # busybox's own resolver (nslookup) and nc: its wget goes through static glibc's NSS and crashes
+    look = (lambda name: f"{BB} nslookup {name} 2>/dev/null | {BB} awk '/^Address/ && $2 !~ /:53$/ {{print $2}}' | {BB} tail -n1")
     script = (
-        f"for i in $({BB} seq 90); do {BB} wget -q -T 2 -O /tmp/got http://web/ && break; {BB} sleep 1; done; "
-        f"echo GOT=$({BB} cat /tmp/got); "
-        f"echo FQDN=$({BB} nslookup {fqdn} 2>&1 | {BB} grep -c Address); "
-        f"{BB} nslookup nope.{namespace}.svc.cluster.local >/dev/null 2>&1 && echo NOPE=resolved || echo NOPE=nxdomain; "
-        f"echo API=$({BB} nslookup kubernetes.default.svc.cluster.local 2>&1 | {BB} tail -n 2 | {BB} grep Address); "
+        f"for i in $({BB} seq 90); do IP=$({look(f'web.{namespace}.svc.cluster.local')}); "
+        f"[ -n \"$IP\" ] && GOT=$({BB} printf 'GET / HTTP/1.0\\r\\n\\r\\n' | {BB} nc -w 3 $IP 80 | {BB} tail -n1) "
+        f"&& [ \"$GOT\" = served-by-web ] && break; {BB} sleep 1; done; "
+        f"echo SVCIP=$IP; echo GOT=$GOT; "
+        f"echo NOPE=$({look(f'nope.{namespace}.svc.cluster.local')}); "
+        f"echo API=$({look('kubernetes.default.svc.cluster.local')}); "
         f"{BB} nc -w 3 10.96.0.1 443 </dev/null && echo APICONN=ok || echo APICONN=fail")
     api.create_namespaced_pod(namespace, pod("client", toolbox, script))
     p = wait_until("client pod finished", lambda: finished(api, namespace, "client"), 180)
-    log = api.read_namespaced_pod_log("client", namespace)
+    log = api.read_namespaced_pod_log("client", namespace, _preload_content=False).data.decode()
     assert p.status.phase == "Succeeded", log
-    assert "GOT=served-by-web" in log, log             # short name via search path, then kube-proxy DNAT
-    assert "NOPE=nxdomain" in log, log                 # no wildcard answers
-    assert "10.96.0.1" in log.split("API=")[1].splitlines()[0], log
+    assert f"SVCIP={svc.spec.cluster_ip}\n" in log, log     # the Service's own ClusterIP, from cluster DNS
+    assert "GOT=served-by-web" in log, log                  # kube-proxy DNAT to the web pod
+    assert "NOPE=\n" in log, log                            # no wildcard answers
+    assert "API=10.96.0.1\n" in log, log
     assert "APICONN=ok" in log, log
