@@ -181,7 +181,9 @@ class Pipeline:
             return self._fail(rec, R.INTERNAL_ERROR, f"cannot prepare the trace folder: {exc}")
         try:
             rec.log_file = log_file_for(worker.record.trace_dir, rec.capture_id, rec.target_id)
-            config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options))
+            config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options,
+                                              iterations=spec.iterations or 0,
+                                              iteration_roundup=spec.iteration_roundup or 1))
         except ConfigError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"config refused: {exc}")
         rec.watch_path = str(watch_dir / os.path.basename(kineto_trace_path(rec.log_file, worker.record.pid)))
@@ -281,6 +283,7 @@ class Pipeline:
             with_stack=spec.options.with_stack,
             pid=(rec.worker or {}).get("pid"),
             trace_id=rec.trace_id if rec.backend == "builtin" else None,
+            iterations=spec.iterations,
         )
         loop = asyncio.get_running_loop()
         verdict = await loop.run_in_executor(self.verify_pool, verify_trace, path, exp)
@@ -289,7 +292,11 @@ class Pipeline:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
         if rec.trace_id is None:
             rec.trace_id = verdict.trace_id
-        self._set(rec, S.VERIFIED, f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}")
+        detail = f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}"
+        if spec.iterations and not verdict.optimizer_steps:
+            detail += "; NOT an iteration trace: the process never stepped an optimizer"
+            log.warning("trace.not_stepping", pid=exp.pid, iterations=spec.iterations)
+        self._set(rec, S.VERIFIED, detail)
 
     # --- archive ------------------------------------------------------------------------------
 
@@ -321,8 +328,17 @@ class Pipeline:
             target_id=rec.target_id, rank=spec.rank, local_rank=int(worker.get("local_rank", spec.local_rank or 0)),
             node=self.s.node, pod=str(worker.get("pod", spec.pod or "")), pid=int(worker["pid"]),
             attempt=spec.attempt, uri=uri, size=int(verdict["size"]), sha256=verdict["sha256"],
-            trace_id=rec.trace_id, event_count=verdict.get("event_count"))
-        self._set(rec, S.ARCHIVED, f"archived to {uri}")  # the local copy goes only once this is on disk (run)
+            trace_id=rec.trace_id, event_count=verdict.get("event_count"),
+            iterations=None if not spec.iterations else {
+                "requested": spec.iterations, "roundup": spec.iteration_roundup or 1,
+                "first": verdict.get("first_step"), "last": verdict.get("last_step"),
+                "optimizer_steps": int(verdict.get("optimizer_steps") or 0),
+                "stepped": bool(verdict.get("optimizer_steps"))})
+        note = ""
+        if rec.status.artifact.iterations and not rec.status.artifact.iterations["stepped"]:
+            note = (f"; NOT {spec.iterations} iterations: the process never stepped an optimizer, so Kineto "
+                    f"traced a short time window instead")
+        self._set(rec, S.ARCHIVED, f"archived to {uri}{note}")  # the local copy goes only once this is on disk (run)
 
     def _drop_local(self, rec: TargetRecord) -> None:
         path = Path(rec.watch_path or "")

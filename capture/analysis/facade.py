@@ -68,6 +68,9 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
              failures=len(m.failures))
     summary_uri, report_uri = _output_uris(source, options)
     analyses = list(analyses)
+    from . import baselines
+    is_baseline = baselines.is_baseline(m.request)
+    baseline = None if is_baseline else baselines.latest(source.capture_prefix, m.capture_id, log, **archive_options)
 
     from .hta_loading import hta_version  # HTA is imported only once there is something to analyse
     with tempfile.TemporaryDirectory(prefix="gpulens-analyze-", dir=options.work_dir) as work:
@@ -82,11 +85,13 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
         if plan.analysed:
             plan, contents, results, evidence = _analyse(plan, str(Path(work) / "hta"), options.jobs, analyses, log)
         summary = build_summary(source, plan, contents, results, hta_version(), summary_uri, report_uri,
-                                evidence=evidence)
+                                evidence=evidence, baseline=baseline)
 
     from .report_html import render_report
     _write(source, options, REPORT_KEY, render_report(summary).encode(), "text/html; charset=utf-8")
     _write(source, options, SUMMARY_KEY, summary_json(summary), "application/json")
+    if is_baseline and options.out_dir is None:
+        baselines.record(source.capture_prefix, summary, log, **archive_options)
     log.info("analysis.written", status=summary["status"], report_uri=report_uri, summary_uri=summary_uri,
              analysed_ranks=summary["counts"]["analysed"])
     return AnalysisRun(summary, summary_uri, report_uri)

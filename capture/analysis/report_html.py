@@ -110,6 +110,12 @@ def _identity(summary: dict) -> str:
              ("traces", {"gpu": "GPU activity", "cpu_only": "CPU only (no GPU activity)"}.get(summary["trace_kind"], "—"))]
     if reason:
         items.append(("reason", ", ".join(f"{k}={v}" for k, v in reason.items())))
+    if c.get("baseline"):
+        items.append(("baseline", "this capture is the job's healthy baseline: later captures are compared with it"))
+    it = summary.get("iterations")
+    if it:
+        items.append(("iterations", f"{it['requested']} requested (round-up {it['roundup'] or '—'}): "
+                                    f"{'aligned' if it['aligned'] else 'NOT aligned'}: {it['why']}"))
     return "<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in items) + "</dl>"
 
 

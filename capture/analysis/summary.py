@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,46 @@ def _rank(entry: RankEntry) -> dict[str, Any]:
     elif entry.placement is not None:
         out.update(node=entry.placement[0], pod=entry.placement[1])
     out["trace"] = entry.facts.to_dict() if entry.facts is not None else None
+    if a is not None and a.iterations is not None:
+        out["iterations"] = a.iterations
     return out
+
+
+def _alignment(m, plan: RankPlan) -> dict[str, Any] | None:
+    """Iteration-based captures: did every analysed rank trace the same iterations? The first and
+    last ProfilerStep#N per rank come from the agent's verification pass (the manifest)."""
+    requested = m.request.get("iterations") if isinstance(m.request, dict) else None
+    if not requested:
+        return None
+    per_rank = []
+    for e in plan.with_status("analysed"):
+        it = e.artifact.iterations if e.artifact is not None else None
+        per_rank.append({"rank": e.rank, "first": (it or {}).get("first"), "last": (it or {}).get("last"),
+                         "stepped": bool((it or {}).get("stepped")), "optimizer_steps": (it or {}).get("optimizer_steps")})
+    # a trace with another number of optimizer steps than asked is Kineto's time fallback of a
+    # process that began stepping only after the request arrived: not the requested iterations
+    not_stepping = [r["rank"] for r in per_rank if not r["stepped"] or r["optimizer_steps"] != int(requested)]
+    marked = [r for r in per_rank if r["rank"] not in not_stepping and r["first"] is not None]
+    spans = Counter((r["first"], r["last"]) for r in marked)
+    common = spans.most_common(1)[0][0] if spans else None
+    misaligned = [r["rank"] for r in marked if (r["first"], r["last"]) != common]
+    unmarked = [r["rank"] for r in per_rank if r["rank"] not in not_stepping and r["first"] is None]
+    if not_stepping:
+        why = (f"rank(s) {', '.join(map(str, not_stepping))} did not trace {int(requested)} optimizer steps (never "
+               "stepped when the request arrived): Kineto traced a short time window instead of iterations")
+    elif misaligned:
+        why = (f"rank(s) {', '.join(map(str, misaligned))} traced other iterations than the rest "
+               f"({common[0]}..{common[1]}): compare them with care")
+    elif unmarked:
+        why = f"rank(s) {', '.join(map(str, unmarked))} have no ProfilerStep#N markers to check the iterations by"
+    else:
+        why = f"every rank traced iterations {common[0]}..{common[1]}" if common else "no rank to check"
+    roundups = sorted({a.iterations["roundup"] for a in m.artifacts if a.iterations})
+    return {"requested": int(requested), "roundup": roundups[0] if len(roundups) == 1 else None,
+            "aligned": bool(marked) and not (not_stepping or misaligned or unmarked),
+            "first": common[0] if common else None, "last": common[1] if common else None,
+            "misaligned_ranks": misaligned, "not_stepping_ranks": not_stepping, "unmarked_ranks": unmarked,
+            "per_rank": per_rank, "why": why}
 
 
 def analysed_something(results: list[AnalysisResult]) -> bool:
@@ -69,6 +109,7 @@ def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents
                                "duration_ms": m.duration_ms, "fully_succeeded": m.fully_succeeded}
     if isinstance(m.request.get("reason"), dict):
         capture["reason"] = m.request["reason"]
+    capture["baseline"] = m.request.get("baseline") is True
     summary = {
         "schema_version": 1,
         "status": "analysed" if analysed_something(results) else "nothing_analysed",
@@ -82,6 +123,7 @@ def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents
         "ranks": [_rank(e) for e in plan.entries],
         "analyses": {r.name: r.to_dict() for r in results},
         "verdict": _verdict(capture.get("reason"), contents, evidence, baseline),
+        "iterations": _alignment(m, plan),
         "evidence": {"per_rank": evidence.per_rank if evidence is not None else None,
                      "error": evidence.error if evidence is not None else None},
         "outputs": {"summary_uri": summary_uri, "report_uri": report_uri},

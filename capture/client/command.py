@@ -67,7 +67,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--namespace", help="the job's namespace (needed through the gateway)")
     start.add_argument("--pod", help="route by one of the job's pods instead of --job (gateway only)")
     start.add_argument("--attempt", type=int, help="refuse unless this is the job's current attempt (restart count)")
-    start.add_argument("--duration-ms", type=int, default=2000, help="window length in milliseconds (100..600000)")
+    start.add_argument("--duration-ms", type=int, default=None,
+                       help="window length in milliseconds (100..600000; default 2000), or with --iterations the most "
+                            "they may take (default 30000)")
+    start.add_argument("--iterations", type=int, metavar="N",
+                       help="trace N training iterations (optimizer steps), every rank from the same iteration")
+    start.add_argument("--iteration-roundup", type=int, metavar="R",
+                       help="with --iterations: start at a multiple of R (default: the coordinator's choice)")
+    start.add_argument("--baseline", action="store_true",
+                       help="a healthy reference capture: later reports of the job compare with it")
     start.add_argument("--activities", help="comma list of Kineto activity types (default: cpu_op,user_annotation,"
                                             "cpu_instant_event)")
     start.add_argument("--with-stack", action="store_true", help="record Python stacks with each op (bigger traces)")
@@ -190,8 +198,15 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
         return _fail(Problem(EXIT_USAGE, "--pod needs --namespace", "pass --namespace NS --pod POD"))
     capture_id = args.capture_id or new_capture_id()   # picked before sending: a retry can repeat it
     ctx = replace(ctx, capture_id=capture_id)
-    request = {"duration_ms": args.duration_ms, "requested_by": os.environ.get("USER") or "cli",
+    duration_ms = args.duration_ms or (30_000 if args.iterations else 2000)
+    request = {"duration_ms": duration_ms, "requested_by": os.environ.get("USER") or "cli",
                "capture_id": capture_id}
+    if args.iterations is not None:
+        request["iterations"] = args.iterations
+    if args.iteration_roundup is not None:
+        request["iteration_roundup"] = args.iteration_roundup
+    if args.baseline:
+        request["baseline"] = True
     if args.job:
         request["job_id"] = args.job
     if args.attempt is not None:

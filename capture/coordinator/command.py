@@ -49,6 +49,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--report-margin-s", type=float, default=10.0, help="agent deadline -> coordinator deadline")
     a("--poll-interval-s", type=float, default=1.0, help="how often each agent is asked for statuses")
     a("--max-captures", type=int, default=200, help="finished captures kept in memory")
+    a("--baseline-after-s", type=float, default=0.0, metavar="S",
+      help="take one healthy baseline capture once the job has run S seconds (0: never; later reports compare "
+           "with the job's latest baseline)")
+    a("--baseline-duration-ms", type=int, default=3000, help="window of the automatic baseline capture")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -101,12 +105,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         settings = CoordinatorSettings(
             job_id=args.job, attempt=args.attempt, namespace=args.namespace, archive_root=args.archive_root,
             s3_endpoint=args.s3_endpoint, report_base_url=args.report_base_url, state_dir=args.state_dir,
-            max_captures=args.max_captures,
+            max_captures=args.max_captures, baseline_after_s=args.baseline_after_s,
+            baseline_duration_ms=args.baseline_duration_ms,
             deadlines=DeadlinePolicy(start_delay_s=args.start_delay_s, archive_s=args.archive_margin_s,
                                      report_s=args.report_margin_s),
             fanout=FanoutSettings(poll_interval_s=args.poll_interval_s))
         coordinator = Coordinator(settings, discovery, client, annotations=sink,
                                   analysis=AnalysisRunner(s3_endpoint=args.s3_endpoint) if args.analysis == "local" else None)
+        coordinator.schedule_baseline()
         runner = web.AppRunner(make_app(coordinator, credentials), access_log=None)
         await runner.setup()
         host, port = args.listen

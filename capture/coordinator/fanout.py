@@ -37,12 +37,21 @@ class FanoutSettings:
     backoff_max_s: float = 5.0
 
 
+#: Kineto starts an iteration trace at the next multiple of the round-up after the step count it has
+#: when its poll (every 5 s, each rank at its own phase) fetches the config; every rank shares one
+#: round-up, so they start on the same iteration unless a multiple falls between their counts. 100
+#: keeps that rare for jobs slower than ~5 steps/s; faster jobs should ask for a larger one.
+DEFAULT_ROUNDUP = 100
+
+
 def dispatch_for(record: CaptureRecord, p: TargetProgress) -> Dispatch:
     r, t = record.request, p.target
+    roundup = (r.iteration_roundup or DEFAULT_ROUNDUP) if r.iterations else None
     return Dispatch(job_id=record.job_id, attempt=record.attempt, rank=t.rank, duration_ms=r.duration_ms,
                     activities=tuple(r.activities), deadline=record.agent_deadline, archive_prefix=record.archive_prefix,
                     local_rank=t.local_rank, pod=t.pod or None, pod_uid=t.pod_uid or None,
-                    requested_at=record.requested_at, options=r.options)
+                    requested_at=record.requested_at, options=r.options, iterations=r.iterations,
+                    iteration_roundup=roundup)
 
 
 _OVERDUE = {

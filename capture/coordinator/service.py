@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from capture.annotations import AnnotationSink, AnnotationSync, capture_annotation
 from capture.archive import ArchiveError, ArchiveStore, open_archive
-from capture.models import CaptureRequest, FailureReason, TargetState, new_capture_id
+from capture.models import CaptureReason, CaptureRequest, FailureReason, TargetState, new_capture_id
 from gpulens.logs import get_logger
 
 from .agents import AgentClient
@@ -65,6 +65,8 @@ class CoordinatorSettings:
     report_base_url: str | None = None
     state_dir: Path | None = None
     max_captures: int = 200
+    baseline_after_s: float = 0.0        # > 0: one healthy baseline capture once the job ran this long
+    baseline_duration_ms: int = 3000
 
 
 class Coordinator:
@@ -146,6 +148,35 @@ class Coordinator:
             record.note("alert_resolved", ends_at=ends_at)
             self._annotate(record)
         return record
+
+    def schedule_baseline(self) -> asyncio.Task | None:
+        """The job's automatic baseline: once it has run `baseline_after_s` under this coordinator
+        (steadily: every expected target still discoverable), one capture with `baseline: true`;
+        while another capture runs it waits its turn. Off when baseline_after_s is 0."""
+        if self.settings.baseline_after_s <= 0:
+            return None
+        task = asyncio.create_task(self._baseline_when_steady(), name="baseline")
+        self._tasks["baseline"] = task
+        return task
+
+    async def _baseline_when_steady(self) -> None:
+        s = self.settings
+        await asyncio.sleep(s.baseline_after_s)
+        while True:
+            try:
+                targets, why = (await self.discovery.snapshot()).targets, "no targets"
+            except DiscoveryError as exc:  # not discoverable now is not steady: try later
+                targets, why = (), str(exc)
+            if targets and self.active() is None:
+                request = CaptureRequest(job_id=s.job_id, duration_ms=s.baseline_duration_ms, baseline=True,
+                                         requested_by="gpulens-baseline",
+                                         reason=CaptureReason(kind="manual", text=f"automatic baseline after "
+                                                                                  f"{s.baseline_after_s:g} s of steady run"))
+                record, _ = self.start(request)
+                self.log.info("baseline.started", capture_id=record.capture_id, targets=len(targets))
+                return
+            self.log.info("baseline.waiting", why=why if not targets else "another capture is running")
+            await asyncio.sleep(min(10.0, s.baseline_after_s))
 
     async def wait(self, capture_id: str) -> None:
         """Until the capture's lifecycle (including analysis) is over; for tests and shutdown."""

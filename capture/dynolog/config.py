@@ -13,7 +13,12 @@ triggered. So every value is checked here, before anything is sent:
 - no value may contain `=`, `#`, `..` or a line break;
 - `PROFILE_START_TIME=0` means "as soon as possible" (Kineto: parse time + 5 s warm-up + 2 s); an
   explicit start must leave room for the poll (<= 5 s), a profiler tick (1 s) and the warm-up
-  (5 s), so it has to be at least 15 s in the future when built.
+  (5 s), so it has to be at least 15 s in the future when built;
+- an iteration-based trace (section 4.4) sends `PROFILE_START_ITERATION=0` (always past, so Kineto
+  starts at the next multiple of `PROFILE_START_ITERATION_ROUNDUP` after its current optimizer
+  step count: one round-up for every rank of a capture gives them the same start iteration),
+  `ACTIVITIES_ITERATIONS=N` and no warm-up iterations; `ACTIVITIES_DURATION_MSECS` becomes the
+  short (<= 500 ms) window Kineto (>= 2025-09) falls back to when the process never steps.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ __all__ = ["ConfigError", "TraceConfig", "build_config", "log_file_for", "kineto
 
 MIN_START_LEAD_MS = 15_000
 MAX_DURATION_MS = 600_000
+MAX_ITERATIONS = 10_000
+MAX_ROUNDUP = 1_000_000
+FALLBACK_MS = 500         # the time trace Kineto makes of an iteration request when nothing steps
 
 
 class ConfigError(ValueError):
@@ -48,6 +56,8 @@ class TraceConfig:
     start_time_ms: int = 0        # 0: Kineto starts after its own warm-up
     trace_id: str | None = None   # the builtin endpoint sets it; dynolog overrides any given one
     allow_newer_activities: bool = False
+    iterations: int = 0           # > 0: iteration-based trace of this many optimizer steps
+    iteration_roundup: int = 1    # start at a multiple of this (one value for the whole capture)
 
 
 def log_file_for(trace_dir: str, capture_id: str, target_id: str) -> str:
@@ -98,6 +108,12 @@ def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
         if lead < MIN_START_LEAD_MS:
             raise ConfigError("start_time_ms", f"starts in {lead} ms; needs >= {MIN_START_LEAD_MS} ms "
                                                "(poll + profiler tick + warm-up), else Kineto drops it as past")
+    for name, value, top in (("iterations", cfg.iterations, MAX_ITERATIONS),
+                             ("iteration_roundup", cfg.iteration_roundup, MAX_ROUNDUP)):
+        if isinstance(value, bool) or not isinstance(value, int) or not (0 if name == "iterations" else 1) <= value <= top:
+            raise ConfigError(name, f"{value!r} is not an integer in range (max {top})")
+    if cfg.iterations and cfg.start_time_ms:
+        raise ConfigError("start_time_ms", "an iteration-based trace starts at an iteration, not at a time")
     if cfg.trace_id is not None and not (cfg.trace_id.isdigit() and len(cfg.trace_id) <= 32):
         raise ConfigError("trace_id", f"{cfg.trace_id!r} is not a decimal id")
     o = cfg.options
@@ -114,6 +130,10 @@ def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
         f"PROFILE_WITH_FLOPS={_b(o.with_flops)}",
         f"PROFILE_WITH_MODULES={_b(o.with_modules)}",
     ]
+    if cfg.iterations:
+        lines[2] = f"ACTIVITIES_DURATION_MSECS={min(cfg.duration_ms, FALLBACK_MS)}"
+        lines += ["PROFILE_START_ITERATION=0", f"PROFILE_START_ITERATION_ROUNDUP={cfg.iteration_roundup}",
+                  "ACTIVITIES_WARMUP_ITERATIONS=0", f"ACTIVITIES_ITERATIONS={cfg.iterations}"]
     if cfg.trace_id is not None:
         lines.append(f"REQUEST_TRACE_ID={cfg.trace_id}")
     return "\n".join(lines)

@@ -23,6 +23,8 @@ class Dispatch:
     pod_uid: str | None = None
     requested_at: float | None = None
     options: CaptureOptions = field(default_factory=CaptureOptions)
+    iterations: int | None = None          # iteration-based trace of this many optimizer steps ...
+    iteration_roundup: int | None = None   # ... starting at a multiple of this, the same for every rank
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Dispatch":

@@ -43,6 +43,9 @@ class Artifact:
     sha256: str
     trace_id: str | None
     event_count: int | None = None
+    # iteration-based captures: requested/roundup, the trace's first and last ProfilerStep#N, the
+    # optimizer steps Kineto counted, and whether it stepped at all (else Kineto's time fallback)
+    iterations: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Artifact":
@@ -51,8 +54,9 @@ class Artifact:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["event_count"] is None:
-            del d["event_count"]
+        for key in ("event_count", "iterations"):
+            if d[key] is None:
+                del d[key]
         return d
 
 

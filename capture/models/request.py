@@ -50,6 +50,11 @@ class CaptureRequest:
     reason: CaptureReason = field(default_factory=CaptureReason)
     requested_by: str = "unknown"
     capture_id: str | None = None
+    # Trace this many training iterations (optimizer steps) instead of a wall-clock window;
+    # duration_ms then bounds how long they may take (and is Kineto's window if the job never steps).
+    iterations: int | None = None
+    iteration_roundup: int | None = None   # None: the coordinator's DEFAULT_ROUNDUP
+    baseline: bool = False   # a healthy reference capture of the job: later reports compare with it
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CaptureRequest":
@@ -63,6 +68,9 @@ class CaptureRequest:
             reason=CaptureReason(**data.get("reason", {"kind": "manual"})),
             requested_by=data.get("requested_by", "unknown"),
             capture_id=data.get("capture_id"),
+            iterations=data.get("iterations"),
+            iteration_roundup=data.get("iteration_roundup"),
+            baseline=data.get("baseline", False),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,4 +86,10 @@ class CaptureRequest:
             out["attempt"] = self.attempt
         if self.capture_id is not None:
             out["capture_id"] = self.capture_id
+        if self.iterations is not None:
+            out["iterations"] = self.iterations
+        if self.iteration_roundup is not None:
+            out["iteration_roundup"] = self.iteration_roundup
+        if self.baseline:
+            out["baseline"] = True
         return out

@@ -139,6 +139,9 @@ class Runner:
                            "--token-file", str(L.token_file("coordinator")),
                            "--agent-token-file", str(L.token_file("agent")), "--analysis", "local",
                            "--state-dir", str(L.state / f"coordinator-{namespace}-{job}-{attempt}")]
+        if a.demo and a.incident:
+            # the demo takes its healthy baseline itself, well before the incident starts
+            argv += ["--baseline-after-s", f"{max(10.0, a.incident_after / 2):g}"]
         if a.grafana_url:
             argv += ["--grafana-url", a.grafana_url]
             if a.grafana_token_file:

@@ -169,3 +169,71 @@ def test_gpu_traces_count_device_to_host_copies_and_kernel_time(builder, trace_f
     assert 0 < by_name["cudaMemcpyAsync"] <= len([e for e in calls if e["args"]["correlation"] in dtoh]) < len(calls)
     assert all(c["cannot_see"] == [] for c in v["checks"].values())
     assert v["verdict"] == "inconclusive" and "no baseline" in v["why"]
+
+
+def _iteration_capture(builder, trace: Path, capture_id: str, rank1: dict) -> dict:
+    from dataclasses import replace
+    b = builder(capture_id=capture_id)
+    b.request = {"iterations": 5, "reason": {"kind": "manual"}}
+    b.add(0, trace).add(1, trace)
+    good = {"requested": 5, "roundup": 100, "first": 1100, "last": 1104, "optimizer_steps": 5, "stepped": True}
+    b.artifacts = [replace(b.artifacts[0], iterations=good), replace(b.artifacts[1], iterations={**good, **rank1})]
+    run = analyze_manifest(b.write().manifest_uri)
+    schemas.validate("summary", run.summary)
+    return run.summary
+
+
+def test_analysis_flags_ranks_whose_iterations_differ(builder, incident_traces):
+    trace = incident_traces["none"]
+    same = _iteration_capture(builder, trace, "c-it-same", {})["iterations"]
+    assert same["aligned"] and (same["first"], same["last"], same["roundup"]) == (1100, 1104, 100)
+    assert same["misaligned_ranks"] == [] and "every rank traced iterations 1100..1104" == same["why"]
+    shifted = _iteration_capture(builder, trace, "c-it-shift", {"first": 1200, "last": 1204})
+    it = shifted["iterations"]
+    assert not it["aligned"] and it["misaligned_ranks"] in ([0], [1]) and "other iterations" in it["why"]
+    html = Path(shifted["outputs"]["report_uri"].removeprefix("file://")).read_text()
+    assert "NOT aligned" in html
+    idle = _iteration_capture(builder, trace, "c-it-nostep", {"stepped": False, "optimizer_steps": 0})["iterations"]
+    assert not idle["aligned"] and idle["not_stepping_ranks"] == [1] and "never stepped" in idle["why"]
+    late = _iteration_capture(builder, trace, "c-it-late", {"optimizer_steps": 17})["iterations"]  # time fallback
+    assert not late["aligned"] and late["not_stepping_ranks"] == [1]
+    plain = analysed(builder, trace, None, "c-it-plain")
+    assert plain["iterations"] is None                         # a wall-clock capture has nothing to align
+
+
+def test_incident_reports_compare_with_the_jobs_latest_baseline(builder, incident_traces, tmp_path):
+    base_b = builder(capture_id="c-base")
+    base_b.request = {"baseline": True, "reason": {"kind": "manual"}}
+    base = analyze_manifest(base_b.add(0, incident_traces["none"]).write().manifest_uri).summary
+    assert base["capture"]["baseline"] is True and base["verdict"]["baseline"] is None
+    pointer = tmp_path / "archive" / "ns" / "train" / "baseline.json"
+    assert json.loads(pointer.read_text())["capture_id"] == "c-base"
+
+    sync = analysed(builder, incident_traces["host_sync"], "host_sync", "c-sync")
+    v = sync["verdict"]
+    assert v["baseline"]["capture_id"] == "c-base" and v["verdict"] == "supported"
+    assert v["checks"]["host_sync"]["numbers"]["baseline_per_step_us"] < v["checks"]["host_sync"]["numbers"]["per_step_us"]
+    top = v["regressions"][0]
+    assert (top["kind"], top["name"]) in {("cpu_op", "aten::to"), ("cpu_op", "aten::_to_copy"), ("cpu_op", "aten::copy_")}
+    assert top["delta_us"] > 1000 and top["unit"] == "step"
+    html = Path(sync["outputs"]["report_uri"].removeprefix("file://")).read_text()
+    assert "Compared with baseline capture <b>c-base</b>" in html and "<b>c-sync</b>" in html
+
+    starved = analysed(builder, incident_traces["input_starvation"], "input_starvation", "c-starved2")
+    c = starved["verdict"]["checks"]
+    assert c["input_starvation"]["verdict"] == "supported" and c["input_starvation"]["numbers"]["growth"] >= 1.5
+    assert c["host_sync"]["verdict"] == "not_supported"
+    assert any(r["name"].startswith("enumerate(DataLoader)#") for r in starved["verdict"]["regressions"][:3])
+
+    # an older baseline never replaces a newer one; an unreadable pointer only means "no baseline"
+    old = builder(capture_id="c-old")
+    old.request = {"baseline": True}
+    cap = old.add(0, incident_traces["none"]).write()
+    doc = json.loads(Path(cap.manifest_uri.removeprefix("file://")).read_text())
+    doc["window"]["requested_at"] = 1.0
+    Path(cap.manifest_uri.removeprefix("file://")).write_text(json.dumps(doc))
+    analyze_manifest(cap.manifest_uri)
+    assert json.loads(pointer.read_text())["capture_id"] == "c-base"
+    pointer.write_text("{not json")
+    lone = analysed(builder, incident_traces["host_sync"], "host_sync", "c-lone")
+    assert lone["verdict"]["baseline"] is None and lone["verdict"]["verdict"] == "supported"

@@ -65,6 +65,19 @@ async def test_start_wait_exits_0_when_every_rank_is_archived(coordinator):
     assert "all 4 ranks archived" in err
 
 
+async def test_start_iterations_reaches_every_agent_with_one_roundup(coordinator):
+    url, c, a, b = coordinator
+    code, out, err = await cli("start", "--job", "train", "--iterations", "5", "--iteration-roundup", "50",
+                               "--wait", "--url", url)
+    assert code == 0, err
+    cid = out.split()[0]
+    assert (c.captures[cid].request.iterations, c.captures[cid].request.duration_ms) == (5, 30_000)
+    sent = [e.dispatch for d in (a, b) for e in d.captures[cid].values()]
+    assert len(sent) == 4 and {(d.iterations, d.iteration_roundup) for d in sent} == {(5, 50)}
+    code, out, err = await cli("start", "--job", "train", "--iterations", "0", "--url", url)
+    assert code == 2 and "iterations" in err                      # bad usage: refused by the request schema
+
+
 async def test_start_wait_exits_3_when_converged_with_failures_and_says_which_ranks(coordinator):
     url, c, a, b = coordinator
     b.outcome = lambda d, t: ("fail", "process_gone", "the worker exited") if t == "rank-3" else None
