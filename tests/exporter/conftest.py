@@ -181,3 +181,21 @@ def registration(directory: Path, pid: int, pod: str, *, namespace: str = "team-
     tmp.write_text(json.dumps(rec))
     tmp.rename(path)
     return path
+
+
+@pytest.fixture
+def exporter_for():
+    """Exporters started by a test, closed after it (probes detached even when the test fails)."""
+    from exporter.service import Exporter
+
+    made: list[Exporter] = []
+
+    def make(config, **kw) -> Exporter:
+        e = Exporter(config, **kw)
+        e.start()
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()

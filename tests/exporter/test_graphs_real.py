@@ -20,19 +20,6 @@ pytestmark = requires_ebpf
 WAYS = ("capture", "capture_v1", "capture_ptsz", "nodes", "to_graph", "child", "clone")
 
 
-@pytest.fixture
-def exporter_for():
-    made: list[Exporter] = []
-
-    def make(config, **kw) -> Exporter:
-        e = Exporter(config, **kw)
-        e.start()
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.close()
 
 
 def attached(exp: Exporter) -> None:

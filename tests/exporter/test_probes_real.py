@@ -24,19 +24,6 @@ from tests.conftest import missing
 pytestmark = requires_ebpf
 
 
-@pytest.fixture
-def exporter_for():
-    made: list[Exporter] = []
-
-    def make(config, **kw) -> Exporter:
-        e = Exporter(config, **kw)
-        e.start()
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.close()
 
 
 def attached(exp: Exporter, n: int = 1):
