@@ -37,6 +37,11 @@ def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | Non
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False                  # no Events: keeps RBAC minimal
+        # No cluster scanning: the operator's resources are fixed and it runs cluster-wide, so it
+        # needs no list/watch of CustomResourceDefinitions or Namespaces (a real API server answers
+        # 403 to those under the chart's RBAC). kopf then resolves the resources once, at start,
+        # from discovery (/apis), which every authenticated user may read.
+        settings.scanning.disabled = True
         settings.watching.server_timeout = 300            # re-list every few minutes
         settings.watching.client_timeout = 330
         settings.networking.error_backoffs = [1, 2, 5, 10]

@@ -46,6 +46,8 @@ RESOURCES = {
     "jobset.x-k8s.io/v1alpha2/jobsets": ("JobSet", True),
     "kubeflow.org/v1/pytorchjobs": ("PyTorchJob", True),
     "gpulens.dev/v1alpha1/capturecoordinators": ("CaptureCoordinator", True),
+    # Served by every real API server: kopf's cluster scanning lists and watches it when it can.
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False),
 }
 
 
