@@ -6,8 +6,10 @@ verdict section rather than a table of its own:
 - host-blocking work: `aten::item` / `aten::_local_scalar_dense` (a tensor value read on the host
   waits for the device), on GPU traces the CUDA synchronising calls and device-to-host memcpy
   calls, on CPU-only traces `aten::_to_copy` / `aten::copy_` (every tensor lives on the host there,
-  so a copy is a copy to the host). Nested matches count once (outermost), so `_to_copy` and its
-  `copy_` are not added twice;
+  so a copy is a copy to the host) made by the program itself: a copy inside another operator
+  (`aten::addmm`'s internal `copy_`, a dtype promotion's `aten::to` inside `aten::div_`) is that
+  operator's work, not a transfer, and is left out. Nested matches count once (outermost), so
+  `_to_copy` and its `copy_` are not added twice;
 - data-loader wait: DataLoader `__next__` spans (PyTorch names them
   `enumerate(DataLoader)#<Iter>.__next__`);
 - GPU kernel time and GPU-idle time inside steps (GPU traces only: None on CPU-only ranks, never 0);
@@ -32,6 +34,8 @@ __all__ = ["measure", "HOST_READ_OPS", "HOST_COPY_OPS", "SYNC_CALLS", "PROFILE_L
 
 HOST_READ_OPS = ("aten::item", "aten::_local_scalar_dense")
 HOST_COPY_OPS = ("aten::_to_copy", "aten::copy_")
+#: operators a program-level copy runs inside (`t.to(...)` -> aten::to -> aten::_to_copy -> aten::copy_)
+_COPY_ENTRY_OPS = ("aten::to", *HOST_COPY_OPS)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 _MEMCPY_CALLS = ("cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpy2D", "cudaMemcpy2DAsync")
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$")
@@ -87,7 +91,7 @@ def _rank(rank: int, df: "pd.DataFrame", names: list[str], ids: dict[str, int], 
         blocking.append(cpu[(cpu["cat"] == cats.runtime) & cpu["name"].isin(_ids(ids, SYNC_CALLS))])
         blocking.append(_dtoh_calls(df, names, ids, cats))
     else:
-        blocking.append(cpu[(cpu["cat"] == cats.cpu_op) & cpu["name"].isin(_ids(ids, HOST_COPY_OPS))])
+        blocking.append(_program_copies(cpu[cpu["cat"] == cats.cpu_op], ids))
     hb = _outermost(pd.concat(blocking))
     hb = _inside(hb, windows)
     loader_ids = [i for i, n in enumerate(names) if _DATALOADER.match(n)]
@@ -128,6 +132,26 @@ def _dtoh_calls(df: "pd.DataFrame", names: list[str], ids: dict[str, int], cats:
     copies = df[(df["cat"] == cats.memcpy) & df["name"].isin(dtoh) & (df["correlation"] >= 0)]
     calls = df[(df["cat"] == cats.runtime) & df["name"].isin(_ids(ids, _MEMCPY_CALLS))]
     return calls[calls["correlation"].isin(set(copies["correlation"].tolist()))]
+
+
+def _program_copies(ops: "pd.DataFrame", ids: dict[str, int]) -> "pd.DataFrame":
+    """The copy operators the program called itself: those not running inside another operator
+    (only inside `aten::to` or another copy), found with one sweep per thread over a stack of open ops."""
+    copy_ids, entry_ids = set(_ids(ids, HOST_COPY_OPS)), set(_ids(ids, _COPY_ENTRY_OPS))
+    if not copy_ids or ops.empty:
+        return ops.iloc[:0]
+    ops = ops.sort_values(["tid", "ts", "dur"], ascending=[True, True, False])
+    keep: list[bool] = []
+    last_tid, stack = None, []            # stack: (end, is an entry op) of the ops still open
+    for tid, ts, end, name in zip(ops["tid"].tolist(), ops["ts"].tolist(), ops["end"].tolist(),
+                                  ops["name"].tolist()):
+        if tid != last_tid:
+            last_tid, stack = tid, []
+        while stack and stack[-1][0] <= ts:
+            stack.pop()
+        keep.append(name in copy_ids and all(entry for _, entry in stack))
+        stack.append((end, name in entry_ids))
+    return ops[keep]
 
 
 def _outermost(ev: "pd.DataFrame") -> "pd.DataFrame":

@@ -63,8 +63,8 @@ def test_induced_host_sync_is_supported_with_numbers_and_call_sites(builder, inc
     n = v["checks"]["host_sync"]["numbers"]
     assert n["share_pct"] >= 5 and n["steps"] == 7 and n["per_step_us"] > 0
     names = {x["name"] for x in n["by_name"]}
-    assert {"aten::_to_copy", "aten::item"} <= names
-    assert n["call_sites"][0]["site"] == "aten::_to_copy ← aten::to ← ProfilerStep", n["call_sites"]  # the copy, then its caller
+    assert {"aten::copy_", "aten::item"} <= names
+    assert n["call_sites"][0]["site"] == "aten::copy_ ← ProfilerStep", n["call_sites"]  # the copy, then its caller
     # a CPU-only trace says which evidence cannot exist instead of counting it as zero
     assert any("cudaStreamSynchronize" in c for c in v["checks"]["host_sync"]["cannot_see"])
     assert v["checks"]["noisy_neighbor"]["verdict"] == "inconclusive"
@@ -81,6 +81,24 @@ def test_host_sync_evidence_is_not_supported_on_healthy_and_input_starved_captur
     assert checks["host_sync"]["numbers"]["share_pct"] < 1
     assert starved["verdict"]["verdict"] == "supported", starved["verdict"]["why"]
     assert checks["input_starvation"]["numbers"]["share_pct"] >= 50
+
+
+def test_only_copies_the_program_makes_count_as_host_blocking_on_cpu_traces():
+    """An operator's internal copy (addmm's copy_, a dtype promotion's aten::to inside div_) is not
+    a transfer: counting it made healthy CPU-only steps look 1-5 % host-blocked on a loaded machine."""
+    import pandas as pd
+
+    from capture.analysis.evidence import _program_copies
+
+    ids = {n: i for i, n in enumerate(["aten::addmm", "aten::copy_", "aten::to", "aten::_to_copy", "aten::div_"])}
+    rows = [  # (tid, ts, end, name): addmm > copy_ | to > _to_copy > copy_ | div_ > to > _to_copy | copy_
+        (1, 0, 10, "aten::addmm"), (1, 2, 3, "aten::copy_"),
+        (1, 20, 30, "aten::to"), (1, 21, 29, "aten::_to_copy"), (1, 22, 28, "aten::copy_"),
+        (1, 40, 50, "aten::div_"), (1, 41, 45, "aten::to"), (1, 42, 44, "aten::_to_copy"),
+        (2, 5, 9, "aten::copy_")]
+    ops = pd.DataFrame([{"tid": t, "ts": a, "end": b, "dur": b - a, "name": ids[n]} for t, a, b, n in rows])
+    kept = _program_copies(ops, ids)
+    assert sorted(zip(kept["tid"], kept["ts"])) == [(1, 21), (1, 22), (2, 5)]
 
 
 def test_loader_wait_is_measured_from_dataloader_spans(builder, incident_traces):
