@@ -11,8 +11,9 @@ An incident is switched on at run time by writing its name into the control file
 --incident X` does that after the warm-up); the step loop re-reads the file when it changes:
 
   host_sync         a "logging only" change copies a whole tensor to the host every step and reads a
-                    value from it: `aten::_to_copy`/`aten::copy_` and `aten::item` in the trace,
-                    extra synchronous device-to-host copies on the stand-in, demand unchanged
+                    value from it: `aten::copy_` and `aten::item` in the trace, and on the stand-in
+                    a synchronous device-to-host copy the host thread waits for (the wait a real
+                    GPU's `.item()` has), so back-pressure and device-to-host bytes rise
   input_starvation  the data loader is CPU-starved: each batch takes 4x longer to produce, so
                     `DataLoader.__next__` spans grow, launches and host-to-device bytes drop, and so
                     does time blocked in syncs
@@ -58,6 +59,13 @@ def batches(control: str, host_ms: float, cache: dict):
     return torch.utils.data.DataLoader(Batches(), batch_size=None, num_workers=0)
 
 
+def logging_copy(activations, snapshot) -> float:
+    """host_sync's "just for logging" change: copy a whole tensor into a host buffer, then read a
+    value from it (`aten::copy_`, `aten::item`; on a GPU the read waits for the device)."""
+    snapshot.copy_(activations)
+    return snapshot[0].item()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--libcuda", required=True, help="path of the stand-in libcuda.so.1")
@@ -69,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-ms", type=float, default=20.0, help="time each step waits for its input batch")
     ap.add_argument("--copy-floats", type=int, default=4 << 20,
                     help="host_sync: size of the tensor copied to the host every step")
+    ap.add_argument("--sync-copy-bytes", type=int, default=64 << 20,
+                    help="host_sync: bytes of the synchronous device-to-host copy on the stand-in per step "
+                         "(64 MiB at the stand-in's 12 GB/s: ~5.6 ms per rank, both ranks sharing the device)")
     args = ap.parse_args(argv)
 
     import torch
@@ -85,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     cache: dict = {}
     loader = iter(batches(args.control, args.host_ms, {}))
     activations = torch.randn(args.copy_floats)
+    snapshot = torch.empty_like(activations)         # the host buffer the "logging" copies into
     step, last_incident = 0, "none"
     print(f"demo-trainer rank={rank} pid={os.getpid()} started", flush=True)
     while args.steps == 0 or step < args.steps:
@@ -99,11 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if incident == "host_sync":                  # "just for logging": a host copy, then a read
-                snapshot = activations.to("cpu", copy=True)
-                print_value = snapshot[0].item()         # noqa: F841
+            if incident == "host_sync":
+                logging_copy(activations, snapshot)
             device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
-                        d2h_sync_bytes=(16 << 20) if incident == "host_sync" else 0)
+                        d2h_sync_bytes=args.sync_copy_bytes if incident == "host_sync" else 0)
         if step % 20 == 0:
             t = torch.ones(1)
             dist.all_reduce(t)                           # keeps the ranks in step, like a real job

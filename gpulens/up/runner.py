@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
+
 from gpulens.logs import get_logger
 from hooks import hook_path
 
@@ -51,6 +53,7 @@ class Runner:
         self.operator: LocalOperator | None = None
         self.page: Page | None = None
         self.stub = None
+        self.trainer_pod = ""
         self._demo_pids: set[int] = set()
 
     def say(self, text: str) -> None:
@@ -183,28 +186,83 @@ class Runner:
                            f"--web.listen-address=127.0.0.1:{P.prometheus}", "--web.enable-lifecycle"],
             ready=http_ready(f"http://127.0.0.1:{P.prometheus}/-/ready"), url=f"http://127.0.0.1:{P.prometheus}"))
 
+    #: incidents that arrive the way they do in a cluster: with a new pod of the same job (a new
+    #: image, a changed CPU limit); the alert rules judge it by its workload's baseline
+    NEW_POD_INCIDENTS = ("host_sync", "input_starvation")
+
+    def _trainer_spec(self, pod: str) -> ChildSpec:
+        """The demo trainer as pod `pod` of job demo/demo (its registration records name the pod)."""
+        L = self.layout
+        env = self.stub.env(
+            PYTHONPATH=str(hook_path()), GPULENS_JOB_ID="demo", GPULENS_ATTEMPT="0", GPULENS_NAMESPACE="demo",
+            GPULENS_POD_NAME=pod, GPULENS_REGISTRY_DIR=str(L.registry), GPULENS_TRACE_DIR=str(L.traces),
+            GPULENS_SOCKET_DIR=str(L.socket_dir), GPULENS_STUB_STATE_DIR=str(L.stub_state), OMP_NUM_THREADS="1")
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]   # what the torchrun script runs, venv or not
+        return ChildSpec(
+            "demo-trainer", [*torchrun, "--nproc-per-node=2", f"--master-port={_free_port()}", "-m",
+                  "gpulens.up.demo_trainer", "--libcuda", str(self.stub.libcuda),
+                  "--control", str(L.incident_file)],
+            env=env, restart=False)
+
     async def _start_demo(self) -> None:
         from exporter.stub import build_stub
 
         L = self.layout
         self.stub = build_stub(L.workdir / "stub")
         L.incident_file.write_text("none")
-        env = self.stub.env(
-            PYTHONPATH=str(hook_path()), GPULENS_JOB_ID="demo", GPULENS_ATTEMPT="0", GPULENS_NAMESPACE="demo",
-            GPULENS_POD_NAME="demo-trainer-0", GPULENS_REGISTRY_DIR=str(L.registry), GPULENS_TRACE_DIR=str(L.traces),
-            GPULENS_SOCKET_DIR=str(L.socket_dir), GPULENS_STUB_STATE_DIR=str(L.stub_state), OMP_NUM_THREADS="1")
-        torchrun = [sys.executable, "-m", "torch.distributed.run"]   # what the torchrun script runs, venv or not
-        await self.sup.start(ChildSpec(
-            "demo-trainer", [*torchrun, "--nproc-per-node=2", f"--master-port={_free_port()}", "-m",
-                             "gpulens.up.demo_trainer", "--libcuda", str(self.stub.libcuda),
-                             "--control", str(L.incident_file)],
-            env=env, restart=False))
+        self.trainer_pod = "demo-trainer-0"
+        await self.sup.start(self._trainer_spec(self.trainer_pod))
+
+    async def _replace_trainer_pod(self, incident: str) -> None:
+        """Stop the trainer and start it again as a new pod of the same job, with `incident` on."""
+        old, new = self.trainer_pod, f"demo-trainer-{int(self.trainer_pod.rsplit('-', 1)[1]) + 1}"
+        self.say(f"gpulens up: replacing pod demo/{old} with demo/{new} (same job demo), which has '{incident}'")
+        log.info("demo.pod_replaced", old_pod=old, new_pod=new, job_id="demo", incident=incident)
+        await self.sup.stop_child("demo-trainer")
+        self.layout.incident_file.write_text(incident)
+        self.trainer_pod = new
+        await self.sup.start(self._trainer_spec(new))
+
+    #: the workload the demo trainer belongs to, as the exporter labels it (docs/exporter.md)
+    DEMO_WORKLOAD = ("demo", "job/demo")
+
+    async def _workload_baseline(self, session) -> float | None:
+        """The demo workload's recorded baseline (launches/s per pod), or None while it has none."""
+        ns, wl = self.DEMO_WORKLOAD
+        query = f'namespace_workload:gpulens_launches_per_pod:baseline_rate5m{{namespace="{ns}",gpulens_workload="{wl}"}}'
+        try:
+            async with session.get(f"http://127.0.0.1:{self.ports.prometheus}/api/v1/query",
+                                   params={"query": query}) as r:
+                result = (await r.json())["data"]["result"] if r.status == 200 else []
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+            return None
+        return float(result[0]["value"][1]) if result else None
+
+    async def _wait_for_baseline(self) -> None:
+        """Hold the incident until the rules have the workload's healthy baseline.
+
+        The rules judge a change against the workload's own past (docs/alerts.md, "Baselines"): an
+        incident induced before that past exists becomes the baseline and is never diagnosed. How
+        long the history takes depends on this machine's start-up speed, so wait for the recorded
+        series itself rather than for a fixed time."""
+        if "prometheus" not in self.sup.children:
+            return
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            while (value := await self._workload_baseline(session)) is None:
+                await asyncio.sleep(2)
+        self.say(f"gpulens up: workload {'/'.join(self.DEMO_WORKLOAD)} has its baseline "
+                 f"({value:.0f} launches/s per pod)")
+        log.info("demo.baseline_established", workload="/".join(self.DEMO_WORKLOAD), launches_per_pod=value)
 
     async def _induce_incident(self) -> None:
         await asyncio.sleep(self.args.incident_after)
+        await self._wait_for_baseline()
         incident = self.args.incident
         self.say(f"gpulens up: inducing incident '{incident}' in the demo trainer now")
         log.info("incident.induced", incident=incident)
+        if incident in self.NEW_POD_INCIDENTS:
+            await self._replace_trainer_pod(incident)
+            return
         if incident == "noisy_neighbor":
             env = self.stub.env(GPULENS_STUB_STATE_DIR=str(self.layout.stub_state))
             await self.sup.start(ChildSpec(

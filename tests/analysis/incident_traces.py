@@ -17,7 +17,7 @@ def main(out: Path, incident: str, steps: int = 8) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from gpulens.up.demo_trainer import batches
+    from gpulens.up.demo_trainer import batches, logging_copy
 
     torch.set_num_threads(1)
     control = out.with_suffix(".incident")
@@ -26,6 +26,7 @@ def main(out: Path, incident: str, steps: int = 8) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     activations = torch.randn(4 << 20)   # the demo trainer's --copy-floats default (16 MB)
+    snapshot = torch.empty_like(activations)
 
     def step(n: int) -> None:
         with torch.profiler.record_function(f"ProfilerStep#{n}"):
@@ -35,7 +36,7 @@ def main(out: Path, incident: str, steps: int = 8) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             if incident == "host_sync":
-                activations.to("cpu", copy=True)[0].item()
+                logging_copy(activations, snapshot)
 
     for n in range(2):
         step(n)

@@ -1,13 +1,16 @@
-"""End to end on one machine: `gpulens up --demo --incident host_sync` takes an induced incident
-through the whole loop (exporter -> Prometheus -> rule -> Alertmanager -> gateway -> coordinator
--> agent -> real Kineto traces -> verify -> archive -> manifest -> analysis -> annotation) and
-then shuts down without leaving a process behind.
+"""End to end on one machine: `gpulens up --demo --incident X` takes an induced incident through the
+whole loop (exporter -> Prometheus -> rule -> Alertmanager -> gateway -> coordinator -> agent -> real
+Kineto traces -> verify -> archive -> manifest -> analysis -> verdict -> annotation) and then shuts
+down without leaving a process behind. host_sync and input_starvation arrive as they do in a
+cluster, with a new pod of the same job, judged by the workload's baseline (issue 14); the report's
+verdict answers the alert from the trace (issue 15).
 
 Needs root (eBPF uprobes on the CUDA stand-in), Prometheus and Alertmanager (scripts/setup.sh).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from capture import schemas
 from gpulens.up.layout import Ports
 from tests.conftest import missing
 
@@ -92,54 +96,19 @@ def up_env():
     return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open finding (issue 14 follow-up): with the per-workload baselines, under `up`'s 1/30 time "
-    "scale the demo's induced host_sync fires no alert (the workload baseline appears for two "
-    "evaluations and is gone; measured on a quiet machine, 2026-12-01). Strict: passing again flags it."))
-def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
-    workdir = tmp_path / "up"
-    base = free_port_base()
-    log_path = tmp_path / "up.out"
-    cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", "--incident", "host_sync", "--incident-after", "80",
+@contextlib.contextmanager
+def running_up(tmp_path: Path, env: dict, incident: str):
+    """`gpulens up --demo --incident <incident>` running; on exit: Ctrl-C, then a clean shutdown is checked.
+
+    Yields (workdir, captures page URL, up's output file, process). The incident is induced once the
+    workload has its baseline (up waits for the recorded series), so no fixed delay here decides it."""
+    workdir, log_path, base = tmp_path / "up", tmp_path / "up.out", free_port_base()
+    cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", "--incident", incident, "--incident-after", "80",
            "--workdir", str(workdir), "--port-base", str(base), "--status-interval", "2"]
     with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=up_env, start_new_session=True)
-    ui = f"http://127.0.0.1:{Ports(base).ui}"
-    capture = None
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 420
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log_path.read_text()[-4000:]
-            try:
-                caps = get_json(f"{ui}/api/captures")["captures"]
-            except OSError:
-                caps = []
-            # the demo takes its own healthy baseline capture first: wait for the alert-started one
-            done = [c for c in caps if c["report"] and c["reason"].startswith("alert ")]
-            if done:
-                capture = done[0]
-                break
-            time.sleep(3)
-        text = log_path.read_text()
-        assert capture is not None, f"no analysed capture within the time limit:\n{text[-6000:]}"
-        # the alert that started it carried the right diagnosis
-        assert "alert firing: GPUWorkloadHostSync diagnosis=host_sync" in text, text[-4000:]
-        assert not any(f"diagnosis={d}" in text for d in ("noisy_neighbor", "input_starvation"))
-        # the capture covered both ranks with real, verified, archived Kineto traces
-        manifest = json.loads((workdir / "archive" / capture["manifest"]).read_text())
-        assert manifest["fully_succeeded"], manifest["failures"]
-        assert sorted(a["rank"] for a in manifest["artifacts"]) == [0, 1]
-        assert manifest["request"]["reason"]["kind"] == "alert"
-        for art in manifest["artifacts"]:
-            trace = json.loads(Path(art["uri"].removeprefix("file://")).read_text())
-            assert any(ev.get("cat") == "cpu_op" for ev in trace["traceEvents"])
-        # the analysis report exists and the annotation links to it
-        assert (workdir / "archive" / capture["report"]).stat().st_size > 1000
-        # the report link reaches the annotation after the report file exists (the coordinator syncs
-        # the annotation once analysis is done): wait for that condition, not for a fixed time
-        notes = wait_for(lambda: linked(get_json(f"{ui}/api/annotations")["annotations"], capture["capture_id"]),
-                         timeout=90, what="the annotation linking the report")
-        assert notes
+        yield workdir, f"http://127.0.0.1:{Ports(base).ui}", log_path, proc
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
@@ -152,4 +121,77 @@ def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
     assert wait_for(lambda: processes_mentioning(str(workdir)) == [] or None, timeout=30,
                     what="no process left", last=lambda: processes_mentioning(str(workdir)))
     assert list((workdir / "registry").glob("*.json")) == []
+
+
+def alert_capture(ui: str, proc: subprocess.Popen, log_path: Path, timeout: float = 480) -> dict:
+    """The first capture an alert started, once it has its report (the demo's own healthy baseline
+    capture, taken first, is not one)."""
+    def probe():
+        assert proc.poll() is None, log_path.read_text()[-4000:]
+        done = [c for c in get_json(f"{ui}/api/captures")["captures"] if c["report"] and c["reason"].startswith("alert ")]
+        return done[0] if done else None
+    return wait_for(probe, timeout=timeout, what="an analysed alert-started capture",
+                    last=lambda: log_path.read_text()[-6000:])
+
+
+def summary_of(workdir: Path, capture: dict) -> dict:
+    summary = json.loads((workdir / "archive" / capture["report"]).with_name("summary.json").read_text())
+    schemas.validate("summary", summary)
+    return summary
+
+
+def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
+    """host_sync arrives as in a cluster: a new pod of the same job. The rules judge it by the workload's
+    baseline, the alert starts a capture, and the report's verdict supports the diagnosis from the trace."""
+    with running_up(tmp_path, up_env, "host_sync") as (workdir, ui, log_path, proc):
+        capture = alert_capture(ui, proc, log_path)
+        text = log_path.read_text()
+        # the incident came after the baseline, with a new pod of the same job, and the alert that
+        # started the capture names that pod (judged by its workload's baseline) and the right diagnosis
+        assert text.index("has its baseline") < text.index("inducing incident 'host_sync'"), text[-4000:]
+        assert "replacing pod demo/demo-trainer-0 with demo/demo-trainer-1" in text, text[-4000:]
+        assert "alert firing: GPUWorkloadHostSync diagnosis=host_sync demo/demo-trainer-1" in text, text[-4000:]
+        assert not any(f"diagnosis={d}" in text for d in ("noisy_neighbor", "input_starvation", "unclassified"))
+        # the capture covered both ranks of the new pod with real, verified, archived Kineto traces
+        manifest = json.loads((workdir / "archive" / capture["manifest"]).read_text())
+        assert manifest["fully_succeeded"], manifest["failures"]
+        assert sorted(a["rank"] for a in manifest["artifacts"]) == [0, 1]
+        assert {a["pod"] for a in manifest["artifacts"]} == {"demo-trainer-1"}
+        assert manifest["request"]["reason"]["kind"] == "alert"
+        for art in manifest["artifacts"]:
+            trace = json.loads(Path(art["uri"].removeprefix("file://")).read_text())
+            assert any(ev.get("cat") == "cpu_op" for ev in trace["traceEvents"])
+        # the report answers the alert: the trace supports host_sync, compared with the healthy baseline
+        assert (workdir / "archive" / capture["report"]).stat().st_size > 1000
+        v = summary_of(workdir, capture)["verdict"]
+        assert v["alert"]["alertname"] == "GPUWorkloadHostSync" and v["diagnosis"] == "host_sync"
+        assert v["verdict"] == "supported", v["why"]
+        n = v["checks"]["host_sync"]["numbers"]
+        assert n["steps"] > 0 and n["share_pct"] >= 5
+        assert {"aten::copy_", "aten::item"} <= {x["name"] for x in n["by_name"]}
+        assert v["trace_kind"] == "cpu_only" and v["checks"]["host_sync"]["cannot_see"]  # said, not zeroed
+        assert v["baseline"] and v["baseline"]["capture_id"] != capture["capture_id"]
+        assert any(r["name"] in ("aten::to", "aten::_to_copy", "aten::copy_") for r in v["regressions"][:3])
+        # the report link reaches the annotation after the report file exists (the coordinator syncs
+        # the annotation once analysis is done): wait for that condition, not for a fixed time
+        notes = wait_for(lambda: linked(get_json(f"{ui}/api/annotations")["annotations"], capture["capture_id"]),
+                         timeout=90, what="the annotation linking the report")
+        assert notes
     assert (workdir / "archive" / capture["manifest"]).exists()  # archive intact after shutdown
+
+
+def test_input_starvation_in_a_new_pod_is_diagnosed_and_host_sync_is_not_supported(tmp_path, up_env):
+    """The resize incident (a lower CPU limit recreates the pod): a new pod whose data loader is
+    starved. Diagnosed as input_starvation; the report's host_sync check, the control, says no."""
+    with running_up(tmp_path, up_env, "input_starvation") as (workdir, ui, log_path, proc):
+        capture = alert_capture(ui, proc, log_path)
+        text = log_path.read_text()
+        assert "replacing pod demo/demo-trainer-0 with demo/demo-trainer-1" in text, text[-4000:]
+        assert "alert firing: GPUWorkloadInputStarvation diagnosis=input_starvation demo/demo-trainer-1" in text, \
+            text[-4000:]
+        assert not any(f"diagnosis={d}" in text for d in ("noisy_neighbor", "host_sync", "unclassified"))
+        v = summary_of(workdir, capture)["verdict"]
+        assert v["diagnosis"] == "input_starvation"
+        assert v["verdict"] == "supported", v["why"]
+        assert v["checks"]["input_starvation"]["numbers"]["spans"] > 0
+        assert v["checks"]["host_sync"]["verdict"] == "not_supported", v["checks"]["host_sync"]["why"]
