@@ -118,6 +118,10 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig,
     spec = pod.get("spec") or {}
     if labels.get(L.ARM_OPT_OUT) == "false":
         return None, ArmingResult(reason="opted out")
+    if labels.get(L.MANAGED_BY) == L.MANAGER:
+        # Our own coordinator Pods carry the job label (to be found by job) and live in the job's
+        # namespace: armed, they would count as one more rank of the job they serve.
+        return None, ArmingResult(reason="a gpulens pod")
     if any(v.get("name") == HOOK_VOLUME for v in spec.get("volumes") or []):
         return None, ArmingResult(reason="already armed")
     job = job_of_pod(pod, namespace)

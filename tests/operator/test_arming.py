@@ -143,6 +143,23 @@ def test_pods_left_alone(case):
     assert result.reason in {"not part of a job", "opted out", "already armed", "no containers"}
 
 
+def test_the_operators_own_coordinator_pod_is_left_alone():
+    """It lives in the job's namespace with the job's label; armed, it became a rank of its own job
+    (seen in the real cluster: rank 2 `not_registered`, the capture never fully succeeded)."""
+    from capture.operator.manifests import coordinator_pod, coordinator_resource
+
+    from .conftest import operator_config
+    config = operator_config()
+    trainer = armed(job_pod())
+    trainer["metadata"]["name"] = "llama-0"
+    cc = coordinator_resource(job_of_pod(trainer, "ml"), 0, [trainer], config)
+    cc["metadata"]["uid"] = "cc-uid"
+    pod = coordinator_pod(cc, config)
+    assert job_of_pod(pod, "ml") is not None           # it does name the job: only the new rule spares it
+    result = arm_pod(pod, "ml", CFG, IMAGE)
+    assert (result.patch, result.reason) == ([], "a gpulens pod")
+
+
 def test_arming_twice_changes_nothing_the_second_time():
     once = armed(job_pod())
     assert arm_pod(once, "ml", CFG, IMAGE).patch == []
