@@ -25,8 +25,9 @@ from urllib.parse import urlparse
 from gpulens.logs import get_logger
 
 from ..archive import ArchiveError, ArchiveStore, RetryPolicy, put_file_retrying
-from ..dynolog import ConfigError, PidOutcome, TraceConfig, TriggerFailed, build_config, kineto_trace_path, log_file_for
-from ..models import Artifact, FailureReason, TargetState
+from ..dynolog import (ConfigError, OnDemandResult, PidOutcome, TraceConfig, TriggerFailed, build_config,
+                       kineto_trace_path, log_file_for)
+from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .observation import Observer
 from .registry import Worker, WorkerRegistry
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
@@ -199,13 +200,17 @@ class Pipeline:
             try:
                 answer = await self.trigger.request(config, pid, job)
                 unreachable = 0
+                new_entry = rec.status.record_attempt(_attempt(self.trigger.name, answer.result))
             except TriggerFailed as exc:
+                new_entry = rec.status.record_attempt(TriggerAttempt(time.time(), self.trigger.name, error=exc.reason))
                 if exc.reason != R.DYNOLOG_UNREACHABLE.value or not exc.retryable:
                     return self._fail(rec, R(exc.reason), exc.detail)
                 unreachable += 1
                 if unreachable >= self.s.unreachable_attempts:
                     return self._fail(rec, R.DYNOLOG_UNREACHABLE, f"{exc.detail} ({unreachable} attempts)")
                 answer = None
+            if new_entry and (answer is None or answer.outcome is not PidOutcome.QUEUED):
+                self._save(rec)  # a new answer is a fact worth keeping even when the state stays
             if answer is not None and answer.outcome is PidOutcome.QUEUED:
                 rec.trace_id, rec.queued_at = answer.trace_id, time.time()
                 return self._set(rec, S.QUEUED_BY_DYNOLOG,
@@ -255,14 +260,27 @@ class Pipeline:
                 rec.observed_at = found.observed_at
                 return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
             if time.time() >= spec.deadline:
-                return self._fail(rec, R.TRACE_TIMEOUT, f"queued at {_iso(rec.queued_at)}, but no {rec.watch_path} "
-                                                        f"by the deadline {_iso(spec.deadline)}; {_timeout_hint(rec)}")
+                return await self._no_trace(rec)
             if host_pid and not self._alive(rec):
                 found = await self.observer.wait_for(rec.watch_path, self.s.liveness_interval_s)  # a last look
                 if found is None:
                     return self._fail(rec, R.PROCESS_GONE, f"pid {rec.worker['pid']} exited before its trace appeared")
                 rec.observed_at = found.observed_at
                 return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+
+    async def _no_trace(self, rec: TargetRecord) -> None:
+        """No file by the deadline: `dynolog_lost` when the dynolog that queued the config no longer
+        answers (its pending slot died with it), else `trace_timeout` (Kineto did not write)."""
+        spec = rec.spec
+        missing = f"queued at {_iso(rec.queued_at)}, but no {rec.watch_path} by the deadline {_iso(spec.deadline)}"
+        last = rec.status.trigger_attempts[-1].describe() if rec.status.trigger_attempts else "none recorded"
+        gone = await self.trigger.lost() if rec.backend == self.trigger.name else None
+        if gone is not None:
+            return self._fail(rec, R.DYNOLOG_LOST,
+                              f"{missing}; {gone.detail} now, so the pending config was lost with it (dynolog died or "
+                              f"restarted: check the dynolog pod or service on node {self.s.node}, then capture again); "
+                              f"last answer: {last}")
+        return self._fail(rec, R.TRACE_TIMEOUT, f"{missing}; {_timeout_hint(rec)}; last answer: {last}")
 
     def _alive(self, rec: TargetRecord) -> bool:
         w = rec.worker or {}
@@ -349,6 +367,11 @@ class Pipeline:
             pass
 
 
+def _attempt(backend: str, result: OnDemandResult) -> TriggerAttempt:
+    return TriggerAttempt(time.time(), backend, processes_matched=list(result.processes_matched),
+                          triggered=list(result.activity_triggered), busy=result.activity_busy)
+
+
 def _iso(t: float | None) -> str:
     if t is None:
         return "?"
@@ -357,11 +380,16 @@ def _iso(t: float | None) -> str:
 
 def _timeout_hint(rec: TargetRecord) -> str:
     """What to check next: Kineto reports its own refusals (e.g. "insufficient time for warmup")
-    only in the trainer's log, never back over IPC or to dynolog."""
+    only in the trainer's log, never back over IPC or to dynolog. Permissions are one cause of
+    several, so the hint names each place to look."""
     pid = (rec.worker or {}).get("pid", "?")
     if rec.backend == "builtin" and rec.delivered_at is None:
         return (f"Kineto in pid {pid} never fetched the config (is the trainer armed with KINETO_USE_DAEMON=1 and "
-                "KINETO_IPC_SOCKET_DIR = the agent's --socket-dir?)")
-    fetched = f"Kineto fetched the config at {_iso(rec.delivered_at)} but " if rec.delivered_at else ""
-    return (f"{fetched}wrote no trace: look for Kineto's own refusal (e.g. 'insufficient time for warmup') "
-            f"in the trainer's log for pid {pid}")
+                "KINETO_IPC_SOCKET_DIR = the agent's --socket-dir? is its training loop stuck?)")
+    if rec.backend == "builtin":
+        fetched = f"Kineto fetched the config at {_iso(rec.delivered_at)} but wrote no trace"
+    else:
+        fetched = "dynolog still answers (it cannot say whether Kineto fetched the config) and Kineto wrote no trace"
+    return (f"{fetched}: look for Kineto's own refusal (e.g. 'insufficient time for warmup') in the trainer's log "
+            f"for pid {pid}; a torch.profiler session in the training code pre-empts on-demand traces; the trainer "
+            f"may be stuck; or the trace folder is not writable for the trainer")

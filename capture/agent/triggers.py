@@ -40,14 +40,18 @@ class Trigger(Protocol):
     async def request(self, config: str, pid: int, job_id: int) -> TriggerAnswer:
         """Raises TriggerFailed when the backend itself failed."""
 
+    async def lost(self) -> TriggerFailed | None:
+        """Why the backend no longer answers (a cheap call, short timeout); None while it does."""
+
 
 class DynologTrigger:
     name = "dynolog"
 
-    def __init__(self, client: DynologClient, *, process_limit: int = 64):
+    def __init__(self, client: DynologClient, *, process_limit: int = 64, probe_timeout_s: float = 1.0):
         # A worker's own children inherit its job id and list it as an ancestor, so dynolog matches
         # them too; a generous limit keeps them from using up the worker's turn.
         self.client, self.process_limit = client, process_limit
+        self.probe = client.with_timeout(min(probe_timeout_s, client.timeout_s))
 
     async def request(self, config: str, pid: int, job_id: int) -> TriggerAnswer:
         result = await self.client.set_kineto_ondemand_request(config, [pid], job_id, self.process_limit)
@@ -55,6 +59,14 @@ class DynologTrigger:
         if extra:
             _log.info("trigger.extra_matched", pid=pid, job=job_id, others=",".join(map(str, extra)))
         return TriggerAnswer(result.outcome_for(pid), result, None)
+
+    async def lost(self) -> TriggerFailed | None:
+        """getVersion: it reads nothing and changes nothing in dynolog (a pending config survives it)."""
+        try:
+            await self.probe.get_version()
+        except TriggerFailed as exc:
+            return exc
+        return None
 
 
 class BuiltinTrigger:
@@ -68,6 +80,9 @@ class BuiltinTrigger:
         result = self.endpoint.trigger(config, [pid], job_id, trace_id=trace_id)
         outcome = result.outcome_for(pid)
         return TriggerAnswer(outcome, result, trace_id if outcome is PidOutcome.QUEUED else None)
+
+    async def lost(self) -> TriggerFailed | None:
+        return None  # the endpoint lives in this process: it cannot be gone while the agent runs
 
 
 async def choose_trigger(mode: str, dynolog_addr: str, *, probe_timeout_s: float = 1.5) -> str:

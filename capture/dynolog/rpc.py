@@ -40,6 +40,14 @@ class DynologClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 1778, *, timeout_s: float = 3.0):
         self.host, self.port, self.timeout_s = host, port, timeout_s
 
+    def with_timeout(self, timeout_s: float) -> "DynologClient":
+        """The same dynolog, a different per-step timeout (a liveness probe must be quick)."""
+        return type(self)(self.host, self.port, timeout_s=timeout_s)
+
+    @property
+    def where(self) -> str:
+        return f"dynolog at {self.host}:{self.port}"
+
     @classmethod
     def from_addr(cls, addr: str, **kw: Any) -> "DynologClient":
         host, port = parse_addr(addr)

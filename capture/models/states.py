@@ -39,11 +39,64 @@ class FailureReason(str, Enum):
     AGENT_UNREACHABLE = "agent_unreachable"  # the node agent did not answer dispatch or polls
     DYNOLOG_UNREACHABLE = "dynolog_unreachable"
     DYNOLOG_ERROR = "dynolog_error"          # dynolog answered {"status": ...} only
-    TRACE_TIMEOUT = "trace_timeout"          # queued, but no final trace file before the deadline
+    TRACE_TIMEOUT = "trace_timeout"          # queued, but no final trace file before the deadline (dynolog still answers)
+    DYNOLOG_LOST = "dynolog_lost"            # queued, no trace by the deadline, and dynolog no longer answers
     VERIFICATION_FAILED = "verification_failed"
     ARCHIVE_FAILED = "archive_failed"
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
+
+
+MAX_TRIGGER_ATTEMPTS = 32  # distinct answers kept per target (repeats are counted, not listed)
+
+
+@dataclass
+class TriggerAttempt:
+    """One trigger answer, in dynolog's own words (the strongest fact the agent has before a file
+    appears), or the error when the backend did not answer. Identical consecutive answers are one
+    entry with a `count`, so a target retried every second for minutes keeps a short history."""
+
+    at: float                                    # the first attempt that got this answer
+    backend: str                                 # dynolog | builtin
+    processes_matched: list[int] | None = None   # processesMatched (None: no answer)
+    triggered: list[int] | None = None           # activityProfilersTriggered
+    busy: int | None = None                      # activityProfilersBusy
+    error: str | None = None                     # a FailureReason value when the backend failed
+    count: int = 1
+    last_at: float | None = None                 # the latest attempt with this answer (count > 1)
+
+    def same_answer(self, other: "TriggerAttempt") -> bool:
+        return (self.backend, self.processes_matched, self.triggered, self.busy, self.error) == \
+            (other.backend, other.processes_matched, other.triggered, other.busy, other.error)
+
+    def describe(self) -> str:
+        """dynolog's raw fields as a person reads them in a detail."""
+        when = _hms(self.last_at or self.at)
+        if self.error is not None:
+            return f"{self.error} at {when}"
+        return (f"processesMatched={self.processes_matched} activityProfilersTriggered={self.triggered} "
+                f"activityProfilersBusy={self.busy} at {when}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TriggerAttempt":
+        return cls(at=d["at"], backend=d["backend"], processes_matched=d.get("processesMatched"),
+                   triggered=d.get("activityProfilersTriggered"), busy=d.get("activityProfilersBusy"),
+                   error=d.get("error"), count=d.get("count", 1), last_at=d.get("last_at"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"at": self.at, "backend": self.backend, "count": self.count}
+        if self.last_at is not None:
+            out["last_at"] = self.last_at
+        if self.error is not None:
+            out["error"] = self.error
+        else:
+            out.update({"processesMatched": self.processes_matched, "activityProfilersTriggered": self.triggered,
+                        "activityProfilersBusy": self.busy})
+        return out
+
+
+def _hms(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + "Z"
 
 
 @dataclass
@@ -54,10 +107,22 @@ class TargetStatus:
     detail: str | None = None
     updated_at: float = field(default_factory=time.time)
     artifact: Artifact | None = None
+    trigger_attempts: list[TriggerAttempt] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    def record_attempt(self, attempt: TriggerAttempt) -> bool:
+        """Add one trigger answer; True when it is a new entry (a repeat only counts up)."""
+        last = self.trigger_attempts[-1] if self.trigger_attempts else None
+        if last is not None and last.same_answer(attempt):
+            last.count += 1
+            last.last_at = attempt.at
+            return False
+        self.trigger_attempts.append(attempt)
+        del self.trigger_attempts[:-MAX_TRIGGER_ATTEMPTS]
+        return True
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TargetStatus":
@@ -69,6 +134,7 @@ class TargetStatus:
             detail=data.get("detail"),
             updated_at=data.get("updated_at", time.time()),
             artifact=Artifact.from_dict(data["artifact"]) if data.get("artifact") else None,
+            trigger_attempts=[TriggerAttempt.from_dict(a) for a in data.get("trigger_attempts") or []],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,4 +145,5 @@ class TargetStatus:
             "detail": self.detail,
             "updated_at": self.updated_at,
             "artifact": self.artifact.to_dict() if self.artifact else None,
+            "trigger_attempts": [a.to_dict() for a in self.trigger_attempts],
         }

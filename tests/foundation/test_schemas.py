@@ -8,7 +8,8 @@ import pytest
 
 from capture import schemas
 from capture.models import (Artifact, CaptureRequest, Dispatch, ExpectedTarget, Failure, Manifest,
-                            RegistrationRecord, TargetState, TargetStatus, new_capture_id)
+                            RegistrationRecord, TargetState, TargetStatus, TriggerAttempt, new_capture_id)
+from capture.models.states import MAX_TRIGGER_ATTEMPTS
 
 RECORD = {
     "schema_version": 1, "job_id": "job-a", "attempt": 0, "namespace": "ml", "pod": "job-a-0", "pod_uid": "u-1",
@@ -143,6 +144,35 @@ def test_target_status_failed_requires_reason_and_archived_requires_artifact():
     ok = TargetStatus.from_dict({"target_id": "rank-0", "state": "archived", "artifact": ARTIFACT})
     assert ok.state is TargetState.ARCHIVED and ok.terminal
     assert TargetStatus.from_dict(ok.to_dict()).artifact == ok.artifact
+
+
+def test_trigger_attempts_keep_dynolog_s_fields_merge_repeats_and_stay_bounded():
+    st = TargetStatus("rank-0", TargetState.NOT_MATCHED)
+    assert st.record_attempt(TriggerAttempt(1.0, "dynolog", processes_matched=[], triggered=[], busy=0))
+    assert not st.record_attempt(TriggerAttempt(2.0, "dynolog", processes_matched=[], triggered=[], busy=0))
+    assert st.record_attempt(TriggerAttempt(3.0, "dynolog", error="dynolog_unreachable"))
+    assert st.record_attempt(TriggerAttempt(4.0, "dynolog", processes_matched=[37], triggered=[37], busy=0))
+    wire = st.to_dict()
+    assert wire["trigger_attempts"][0] == {"at": 1.0, "last_at": 2.0, "backend": "dynolog", "count": 2,
+                                           "processesMatched": [], "activityProfilersTriggered": [],
+                                           "activityProfilersBusy": 0}
+    assert wire["trigger_attempts"][1] == {"at": 3.0, "backend": "dynolog", "count": 1, "error": "dynolog_unreachable"}
+    back = TargetStatus.from_dict(wire)  # validated against target_status.schema.json
+    assert back.trigger_attempts == st.trigger_attempts
+    for i in range(3 * MAX_TRIGGER_ATTEMPTS):  # alternating answers: each is a new entry
+        st.record_attempt(TriggerAttempt(10.0 + i, "builtin", processes_matched=[37], triggered=[], busy=i % 2))
+    assert len(st.trigger_attempts) == MAX_TRIGGER_ATTEMPTS and st.trigger_attempts[-1].at == 10.0 + 3 * MAX_TRIGGER_ATTEMPTS - 1
+    TargetStatus.from_dict(st.to_dict())
+    # an answer and an error in one entry, or a half answer, is not a dynolog answer
+    for bad in ({"at": 1.0, "backend": "dynolog", "count": 1, "error": "x", "processesMatched": []},
+                {"at": 1.0, "backend": "dynolog", "count": 1, "processesMatched": [1]},
+                {"at": 1.0, "backend": "other", "count": 1, "error": "x"},
+                {"at": 1.0, "backend": "dynolog", "count": 0, "error": "x"}):
+        with pytest.raises(schemas.SchemaError):
+            TargetStatus.from_dict({"target_id": "rank-0", "state": "pending", "trigger_attempts": [bad]})
+    too_many = [{"at": 1.0, "backend": "dynolog", "count": 1, "error": "x"}] * (MAX_TRIGGER_ATTEMPTS + 1)
+    with pytest.raises(schemas.SchemaError):
+        TargetStatus.from_dict({"target_id": "rank-0", "state": "pending", "trigger_attempts": too_many})
 
 
 def test_dispatch_round_trip_and_rejects_unknown_activity():
