@@ -12,10 +12,8 @@ Needs root (eBPF uprobes on the CUDA stand-in), Prometheus and Alertmanager (scr
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.up.layout import Layout
-from tests.e2e.test_up import free_port_base, processes_mentioning, up_env  # noqa: F401  (fixture)
+from tests.e2e.test_up import free_port_base, interrupt, processes_mentioning, up_env  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -133,13 +131,7 @@ def test_a_newcomer_follows_only_what_up_prints(tmp_path, up_env):
             assert status == 200, (rule["name"], notes["runbook_url"])
         assert socket_dir.is_dir() and any(p.name.startswith("dynoconfigclient") for p in socket_dir.iterdir())
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        interrupt(proc)
     text = out.read_text()
     assert proc.returncode == 0, text[-3000:]
     assert re.search(r"gpulens up: stopped \d+ processes.*removed \d+ Kineto socket folders", text), text[-1000:]

@@ -96,6 +96,17 @@ def up_env():
     return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
+def interrupt(proc: subprocess.Popen) -> None:
+    """Ctrl-C for `up` (its whole session), as a person stops it; SIGKILL only if it hangs 60 s."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @contextlib.contextmanager
 def running_up(tmp_path: Path, env: dict, incident: str):
     """`gpulens up --demo --incident <incident>` running; on exit: Ctrl-C, then a clean shutdown is checked.
@@ -110,13 +121,7 @@ def running_up(tmp_path: Path, env: dict, incident: str):
     try:
         yield workdir, f"http://127.0.0.1:{Ports(base).ui}", log_path, proc
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        interrupt(proc)
     assert proc.returncode == 0, log_path.read_text()[-3000:]
     assert wait_for(lambda: processes_mentioning(str(workdir)) == [] or None, timeout=30,
                     what="no process left", last=lambda: processes_mentioning(str(workdir)))
