@@ -57,33 +57,38 @@ class LogTail:
         return [c.decode(errors="replace") for c in complete]
 
 
+#: gateway log event -> the sentence `up` prints; fields are the event's logfmt keys, plus `name`
+_GATEWAY_SENTENCES = {
+    "alert.capture_started": "gateway: {name} on {job} -> capture {capture_id} started",
+    "alert.cooldown": "gateway: {name} on {job} -> no capture: cooldown since capture {since_capture} ({detail})",
+    "alert.not_started": "gateway: {name} on {job} -> no capture: {outcome} ({detail})",
+    "alert.unroutable": "gateway: {name} -> not routable: {detail}",
+    "alert.no_coordinator": "gateway: {name} on {job} -> not routable: no coordinator answers ({error})",
+    "alert.forward_failed": ("gateway: {name} on {job} -> coordinator unavailable, Alertmanager will retry with "
+                             "capture {capture_id} ({error})"),
+    "alert.coordinator_auth_failed": "gateway: {name} on {job} -> the coordinator refused the gateway's token",
+    "alert.resolved": "gateway: {name} resolved -> capture {capture_id} told ({outcome})",
+    "manual.capture_started": ("gateway: manual capture {capture_id} of {job} started (by {requested_by}; "
+                               "starts the cooldown)"),
+    "manual.capture_repeated": "gateway: manual request repeated capture id {capture_id}: same capture, nothing new started",
+}
+
+
+class _Fields(dict):
+    """An event's fields for a sentence: a field the event lacks reads as '?' (details as '')."""
+
+    def __missing__(self, key: str) -> str:
+        return "" if key in ("detail", "error") else "?"
+
+
 def gateway_line(f: dict[str, str]) -> str | None:
     """A gateway log event -> the sentence `up` prints, or None for events a person need not see."""
-    event, name = f.get("event", ""), f.get("alertname") or f"alert {f.get('fingerprint', '?')}"
-    job, cid = f.get("job", "?"), f.get("capture_id")
-    if event == "alert.capture_started":
-        return f"gateway: {name} on {job} -> capture {cid} started"
-    if event == "alert.cooldown":
-        return (f"gateway: {name} on {job} -> no capture: cooldown since capture {f.get('since_capture') or '?'} "
-                f"({f.get('detail', '')})")
-    if event == "alert.not_started":
-        return f"gateway: {name} on {job} -> no capture: {f.get('outcome')} ({f.get('detail', '')})"
-    if event == "alert.unroutable":
-        return f"gateway: {name} -> not routable: {f.get('detail', '')}"
-    if event == "alert.no_coordinator":
-        return f"gateway: {name} on {job} -> not routable: no coordinator answers ({f.get('error', '')})"
-    if event == "alert.forward_failed":
-        return (f"gateway: {name} on {job} -> coordinator unavailable, Alertmanager will retry with capture {cid} "
-                f"({f.get('error', '')})")
-    if event == "alert.coordinator_auth_failed":
-        return f"gateway: {name} on {job} -> the coordinator refused the gateway's token"
-    if event == "alert.resolved":
-        return f"gateway: {name} resolved -> capture {cid} told ({f.get('outcome')})"
-    if event == "manual.capture_started":
-        return f"gateway: manual capture {cid} of {job} started (by {f.get('requested_by')}; starts the cooldown)"
-    if event == "manual.capture_repeated":
-        return f"gateway: manual request repeated capture id {cid}: same capture, nothing new started"
-    return None
+    template = _GATEWAY_SENTENCES.get(f.get("event", ""))
+    if template is None:
+        return None
+    fields = _Fields({k: v for k, v in f.items() if v})
+    fields["name"] = f.get("alertname") or f"alert {f.get('fingerprint', '?')}"
+    return template.format_map(fields)
 
 
 class StatusReporter:
