@@ -10,7 +10,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/gpulens
 COPY image/requirements.txt /tmp/requirements.txt
-# HolisticTraceAnalysis declares jupyterlab and pytest (1.2 GB); image/lock.py lists what it imports.
+# HTA (traceinsight) declares jupyterlab and pydot (~1 GB); image/lock.py lists what it imports.
 RUN /opt/gpulens/bin/pip install --no-cache-dir --no-deps --only-binary=:all: -r /tmp/requirements.txt
 COPY pyproject.toml README.md /src/
 COPY gpulens /src/gpulens

@@ -57,6 +57,13 @@ fi
 if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
   say "installing pinned dependencies into .venv (first time: a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip >&2
+  # HolisticTraceAnalysis (<= 0.5.0) and traceinsight (>= 0.6, its new name) ship the same `hta`
+  # package: an old venv's HolisticTraceAnalysis must go first, and traceinsight with it, since
+  # removing the old one deletes the `hta` files both claim (the install below puts them back).
+  if .venv/bin/python -m pip show -q HolisticTraceAnalysis >/dev/null 2>&1; then
+    say "removing HolisticTraceAnalysis (published as traceinsight since 0.6.0, same hta package)"
+    .venv/bin/python -m pip uninstall -y -q HolisticTraceAnalysis traceinsight >&2
+  fi
   .venv/bin/python -m pip install -q -e ".[dev]" >&2
   echo "$want" > $stamp
 fi

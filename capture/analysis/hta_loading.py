@@ -8,7 +8,8 @@ Here the rank -> file map is always explicit and ranks are parsed by at most `jo
 and left out (it is retried alone once, since a dying worker breaks every task it shared a pool
 with). The per-rank symbol tables are merged exactly as `Trace.parse_multiple_ranks` does, then
 HTA's own alignment and last-step filter run unchanged. This mirrors `Trace.load_traces` of HTA
-0.5.0, the pinned version.
+0.6.1 (PyPI `traceinsight`), the pinned version, which is 0.5.0's here plus guards for ranks
+without events (its JSON parser still raises on those, and the inspection rejects them first).
 """
 
 from __future__ import annotations
@@ -53,11 +54,10 @@ def quiet_hta(log: EventLogger) -> None:
 
 
 def hta_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("HolisticTraceAnalysis")
-    except PackageNotFoundError:  # pragma: no cover - the dependency is pinned
-        return "unknown"
+    """The version of the `hta` package actually imported (PyPI name `traceinsight` since 0.6.0,
+    `HolisticTraceAnalysis` before: asking either distribution could name one that is not loaded)."""
+    import hta
+    return str(hta.__version__)
 
 
 @dataclass

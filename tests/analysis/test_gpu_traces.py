@@ -60,6 +60,19 @@ def test_summary_is_valid_json_without_nan(gpu_run):
     schemas.validate("summary", json.loads(text, parse_constant=no_constants))
 
 
+def test_summary_names_the_hta_that_ran(gpu_run):
+    """The version of the distribution that owns the imported `hta` files (0.5.0 was published as
+    HolisticTraceAnalysis, 0.6 as traceinsight; both ship `hta`, so asking one by name can lie)."""
+    from importlib import metadata
+    from pathlib import Path
+
+    import hta
+    here = Path(hta.__file__).resolve()
+    owners = {d.version for d in metadata.distributions() for f in (d.files or [])
+              if str(f) == "hta/__init__.py" and Path(d.locate_file(f)).resolve() == here}
+    _, run = gpu_run
+    assert len(owners) == 1 and run.summary["tool"]["hta"] == owners.pop()
+
 def test_all_gpu_analyses_ran(gpu_run):
     _, run = gpu_run
     statuses = {n: a["status"] for n, a in run.summary["analyses"].items()}
