@@ -7,9 +7,12 @@ process plus its forked workers) is sampled every 20 ms for PSS (shared pages co
 the main process's RSS. Sizes are interleaved (2, 8, 32, 2, 8, 32, ...) and medians reported.
 
     .venv/bin/python bench/analysis_scale.py [--runs 3] [--ranks 2 8 32] [--jobs 2] [--jobs-sweep 1 2 4]
+                                             [--python PY ...]
 
 `--jobs-sweep` adds rows for the largest rank count at other --jobs values (parse parallelism), to
-show what the bound on concurrent parsers buys in memory and costs in time.
+show what the bound on concurrent parsers buys in memory and costs in time. `--python` runs every
+case with each interpreter given (e.g. venvs with different HTA versions), interleaved, each row
+labelled with the HTA version its summary names and its wall time as a ratio to the first one's.
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ def build_capture(root: Path, n: int) -> str:
         artifacts.append(Artifact(f"rank-{r}", r, r % 8, f"node-{r // 8}", f"trainer-{r // 8}", 100 + r, 0,
                                   path.as_uri(), len(data), hashlib.sha256(data).hexdigest(), None))
         expected.append(ExpectedTarget(f"rank-{r}", r, r % 8, f"trainer-{r // 8}", f"node-{r // 8}"))
-    m = Manifest(f"c-{n}", "train", 0, time.time(), 3000, expected, artifacts)
+    # requested just before the traces start, as for a real capture of them (the analysis
+    # excludes traces outside the capture window); the trace's timestamps are epoch µs
+    first_us = min(e["ts"] for d in docs for e in d["traceEvents"] if e.get("ph") == "X" and "ts" in e)
+    m = Manifest(f"c-{n}", "train", 0, first_us / 1e6 - 1.0, 3000, expected, artifacts)
     (cap / "manifest.json").write_text(m.to_json())
     return (cap / "manifest.json").as_uri()
 
@@ -72,10 +78,10 @@ def _sample(proc: psutil.Process, peaks: dict, stop: threading.Event) -> None:
         stop.wait(0.02)
 
 
-def run_once(uri: str, jobs: int) -> dict:
+def run_once(uri: str, jobs: int, python: str = sys.executable) -> dict:
     peaks = {"tree_pss": 0, "main_rss": 0, "procs": 0}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "gpulens.cli", "analyze", uri, "--jobs", str(jobs)],
+    proc = subprocess.Popen([python, "-m", "gpulens.cli", "analyze", uri, "--jobs", str(jobs)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     stop = threading.Event()
     sampler = threading.Thread(target=_sample, args=(psutil.Process(proc.pid), peaks, stop))
@@ -90,7 +96,7 @@ def run_once(uri: str, jobs: int) -> dict:
     assert summary["counts"]["analysed"] == summary["counts"]["expected"]
     load = next((float(l.split("seconds=")[1].split()[0]) for l in err.decode().splitlines() if "event=traces.loaded" in l), 0.0)
     analyses = sum(a["seconds"] for a in summary["analyses"].values())
-    return {"wall": wall, "load": load, "analyses": analyses, **peaks}
+    return {"wall": wall, "load": load, "analyses": analyses, **peaks, "hta": summary["tool"]["hta"]}
 
 
 def main() -> None:
@@ -99,30 +105,34 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 32])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--jobs-sweep", type=int, nargs="*", default=[])
+    ap.add_argument("--python", nargs="+", default=[sys.executable])
     args = ap.parse_args()
-    cases = [(n, args.jobs) for n in args.ranks]
-    cases += [(max(args.ranks), j) for j in args.jobs_sweep if j != args.jobs]
+    cases = [(n, args.jobs, py) for n in args.ranks for py in args.python]
+    cases += [(max(args.ranks), j, py) for j in args.jobs_sweep if j != args.jobs for py in args.python]
     mib = 1 << 20
     with tempfile.TemporaryDirectory(prefix="gpulens-bench-") as tmp:
         uris = {n: build_capture(Path(tmp), n) for n in args.ranks}
-        results: dict[tuple[int, int], list[dict]] = {c: [] for c in cases}
+        results: dict[tuple[int, int, str], list[dict]] = {c: [] for c in cases}
         for i in range(args.runs):
-            for n, jobs in cases:
-                results[(n, jobs)].append(run_once(uris[n], jobs))
-                print(f"run {i + 1}/{args.runs} ranks={n} jobs={jobs} wall={results[(n, jobs)][-1]['wall']:.2f}s",
-                      file=sys.stderr)
+            for n, jobs, py in cases:
+                results[(n, jobs, py)].append(run_once(uris[n], jobs, py))
+                print(f"run {i + 1}/{args.runs} ranks={n} jobs={jobs} hta={results[(n, jobs, py)][-1]['hta']} "
+                      f"wall={results[(n, jobs, py)][-1]['wall']:.2f}s", file=sys.stderr)
     base = None
     print(f"\n{args.runs} runs each, interleaved, medians; input per rank: 1.7 MB JSON (~122 KB gzip)\n")
-    print("| ranks | --jobs | wall | load (parse+align) | analyses | wall per rank vs first row | peak tree PSS "
-          "| peak main RSS | max processes |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n, jobs in cases:
-        med = {k: statistics.median(r[k] for r in results[(n, jobs)]) for k in results[(n, jobs)][0]}
+    print("| ranks | --jobs | HTA | wall | vs first HTA | load (parse+align) | analyses | wall per rank vs first row "
+          "| peak tree PSS | peak main RSS | max processes |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    first_py: dict[tuple[int, int], float] = {}
+    for n, jobs, py in cases:
+        rows = results[(n, jobs, py)]
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "hta"}
         per_rank = med["wall"] / n
         base = base or per_rank
-        print(f"| {n} | {jobs} | {med['wall']:.2f} s | {med['load']:.2f} s | {med['analyses']:.2f} s "
-              f"| {per_rank / base:.2f}x | {med['tree_pss'] / mib:.0f} MiB | {med['main_rss'] / mib:.0f} MiB "
-              f"| {med['procs']:.0f} |")
+        ref = first_py.setdefault((n, jobs), med["wall"])
+        print(f"| {n} | {jobs} | {rows[0]['hta']} | {med['wall']:.2f} s | {med['wall'] / ref:.2f}x | {med['load']:.2f} s "
+              f"| {med['analyses']:.2f} s | {per_rank / base:.2f}x | {med['tree_pss'] / mib:.0f} MiB "
+              f"| {med['main_rss'] / mib:.0f} MiB | {med['procs']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ class TraceContents:
     ranks: tuple[int, ...]
     gpu_ranks: tuple[int, ...]           # ranks with GPU rows
     comm_ranks: tuple[int, ...]          # ranks with NCCL communication kernels
-    legacy_nccl_names: bool              # some NCCL kernel is named ncclKernel* (HTA 0.5.0 stragglers need that)
+    legacy_nccl_names: bool              # some NCCL kernel is named ncclKernel* (HTA's stragglers need that, 0.6.1 too)
     profiler_steps: tuple[int, ...]      # ProfilerStep#N numbers left after HTA's last-step filter
     cpu_op_ranks: tuple[int, ...]
     annotation_ranks: tuple[int, ...]    # ranks with CPU user annotations (record_function ranges)

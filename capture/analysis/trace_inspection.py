@@ -47,7 +47,7 @@ class TraceFacts:
     kernels: int                # cat == "kernel"
     gpu_events: int             # args.stream >= 0 and args.correlation >= 0: HTA's test for GPU rows
     comm_kernels: int           # kernels named ^nccl.*Kernel
-    nccl_legacy_kernels: int    # named ncclKernel*: the only naming HTA 0.5.0's straggler code knows
+    nccl_legacy_kernels: int    # named ncclKernel*: the only naming HTA's straggler code knows (0.6.1 too)
     profiler_steps: int         # ProfilerStep#N annotations
     ts_min_us: float
     ts_max_us: float

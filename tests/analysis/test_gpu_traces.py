@@ -153,7 +153,7 @@ def test_archived_bytes_are_untouched(gpu_run):
 
 
 def test_stragglers_with_new_nccl_kernel_names(builder, trace_filter, tmp_path):
-    """NCCL >= 2.19 names kernels ncclDevKernel_*; HTA 0.5.0's straggler code alone fails on them."""
+    """NCCL >= 2.19 names kernels ncclDevKernel_*; HTA's straggler code alone (0.5.0, 0.6.1) fails on them."""
     import gzip
 
     renamed = []

@@ -1,6 +1,6 @@
 """Straggler detection: ranks whose dominant NCCL kernel starts late, iteration after iteration (HTA's metric).
 
-HTA 0.5.0 recognises communication kernels here only by the old `ncclKernel*` naming; NCCL >= 2.19
+HTA (0.5.0, still in 0.6.1) recognises communication kernels here only by the old `ncclKernel*` naming; NCCL >= 2.19
 names them `ncclDevKernel_*` and HTA then fails with "argmax of an empty sequence". The symbol
 table handed to HTA's straggler code presents the new names under the old prefix, so both work.
 """
