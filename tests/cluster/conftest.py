@@ -13,7 +13,14 @@ import pytest
 import subprocess
 import sys
 
-from .harness import BB, KUBECONFIG, REPO, TOOLBOX, MachineState, cluster_sh, down, machine_state, up
+from .harness import (BB, CHART, KUBECONFIG, NS, RELEASE, REPO, TOOLBOX, MachineState, cluster_sh, down,
+                      install_values, machine_state, up, wait_until)
+
+#: The node's address on the pod bridge: pods reach the host there (the apiserver, DNS, and the
+#: tests' S3 server).
+NODE_IP = "10.244.0.1"
+S3_BUCKET = "gpulens-cluster"
+S3_CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @dataclass
@@ -55,3 +62,73 @@ def toolbox(cluster, tmp_path_factory) -> str:
     r = cluster_sh("load", str(out))
     assert r.returncode == 0, r.stderr
     return TOOLBOX
+
+
+@pytest.fixture(scope="session")
+def gpulens_image(cluster, tmp_path_factory) -> str:
+    """The image/ room's image, built (cached by its context hash) and imported into the node."""
+    if not (REPO / "image" / "build.sh").exists():
+        pytest.fail("image/build.sh is missing: the cluster runs the image from the image room")
+    r = subprocess.run(["bash", str(REPO / "image" / "build.sh")], capture_output=True, text=True, timeout=3000)
+    assert r.returncode == 0, r.stderr[-6000:]
+    name = r.stdout.strip().splitlines()[-1]
+    tar = tmp_path_factory.mktemp("image") / "gpulens.tar"
+    s = subprocess.run(["bash", str(REPO / "image" / "podman"), "save", "-o", str(tar), name],
+                       capture_output=True, text=True, timeout=900)
+    assert s.returncode == 0, s.stderr
+    r = cluster_sh("load", str(tar), timeout=900)
+    assert r.returncode == 0, r.stderr
+    tar.unlink()
+    return name
+
+
+@dataclass
+class S3:
+    endpoint: str       # as pods reach it
+    bucket: str
+
+    def client(self):
+        import boto3
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=S3_CREDS["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=S3_CREDS["AWS_SECRET_ACCESS_KEY"],
+                            region_name=S3_CREDS["AWS_DEFAULT_REGION"])
+
+
+@pytest.fixture(scope="session")
+def s3(cluster):
+    """A moto S3 server (a real S3 wire protocol server) on the node's bridge address, where the
+    agent and coordinator pods reach it: the archive of the loop tests."""
+    from tests.conftest import free_port
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", NODE_IP, "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    store = S3(f"http://{NODE_IP}:{port}", S3_BUCKET)
+    try:
+        wait_until("moto S3 server", lambda: proc.poll() is None and store.client().list_buckets(), 60, 0.2)
+        store.client().create_bucket(Bucket=S3_BUCKET)
+        yield store
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def release(cluster, api, gpulens_image, s3):
+    """The chart installed once per session with the README's values, archiving to the S3 server.
+
+    Not uninstalled: the cluster's `down` (test_9, then the session's end) takes every object with
+    it, and test_9 checks `down` with the release running."""
+    import base64
+    from helm_python import Config
+    from kubernetes import client
+    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+    api.create_namespaced_secret(NS, client.V1Secret(metadata=client.V1ObjectMeta(name="gpulens-s3"), data={
+        k: base64.b64encode(v.encode()).decode() for k, v in S3_CREDS.items()}))
+    cfg = Config(kubeconfig_path=cluster.kubeconfig, namespace=NS)
+    values = install_values(gpulens_image, root=f"s3://{s3.bucket}/captures", s3Endpoint=s3.endpoint,
+                            existingSecret="gpulens-s3")
+    return cfg.install(str(CHART), RELEASE, values, namespace=NS, wait="watcher", timeout=600)

@@ -21,6 +21,13 @@ BRIDGE = "gl-cni0"
 NODE = "gpulens-node"
 TOOLBOX = "localhost/gpulens-toolbox:1"      # conftest builds it from Debian's busybox-static
 BB = "/bin/busybox"
+#: The chart's release and namespace on the test cluster (README "A real cluster on one machine").
+RELEASE, NS = "gl", "gpulens-system"
+CHART = REPO / "helm" / "gpulens"
+#: The host folders the chart shares with trainer pods, inside the cluster's own state (so `down`
+#: removes them with it, instead of leaving /var/lib/gpulens behind on the machine).
+NODE_PATHS = {"registry": f"{STATE}/node/registry", "traces": f"{STATE}/node/traces",
+              "sockets": f"{RUN}/node", "state": f"{STATE}/node/agent"}
 #: The sysctls the cluster changes (kubelet, kube-proxy, bridge netfilter); the same list as cluster.sh.
 SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables",
            "net.ipv4.conf.all.route_localnet", "vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops",
@@ -34,6 +41,29 @@ T = TypeVar("T")
 
 def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def install_values(image: str, **archive: str) -> dict:
+    """The values the README's deployment section uses on the test cluster."""
+    repo, _, tag = image.rpartition(":")
+    return {
+        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+        # Helm merges maps: null clears the GPU selector. Node IP only: nothing binds the host's eth0.
+        "node": {"nodeSelector": {"nvidia.com/gpu.present": None}, "listenOnNodeIP": True, "paths": NODE_PATHS},
+        "archive": archive,
+    }
+
+
+def forbidden_in_logs(api, namespace: str) -> dict[str, list[str]]:
+    """Every log line of every container of `namespace`'s pods that reports a 403 or Forbidden."""
+    out = {}
+    for p in api.list_namespaced_pod(namespace).items:
+        for c in p.spec.containers:
+            log = api.read_namespaced_pod_log(p.metadata.name, namespace, container=c.name)
+            bad = [line for line in log.splitlines() if " 403" in line or "Forbidden" in line or '"403' in line]
+            if bad:
+                out[f"{namespace}/{p.metadata.name}/{c.name}"] = bad[:3]
+    return out
 
 
 def up() -> float:

@@ -5,9 +5,7 @@ armed and gets a coordinator), no 403 in any log, and a verb the chart does not 
 
 from __future__ import annotations
 
-import json
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 import uuid
@@ -15,57 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from .harness import PKI, REPO, cluster_sh, wait_until
+from .harness import NS, PKI, forbidden_in_logs, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
-RELEASE, NS = "gl", "gpulens-system"
-CHART = REPO / "helm" / "gpulens"
 APISERVER = "https://10.244.0.1:6443"
 #: linux/capability.h numbers
 CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 19, 21, 38, 39
-
-
-def install_values(image: str) -> dict:
-    """The values the README's deployment section uses on the test cluster."""
-    repo, _, tag = image.rpartition(":")
-    return {
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-        # Helm merges maps: null clears the GPU selector. Node IP only: nothing binds the host's eth0.
-        "node": {"nodeSelector": {"nvidia.com/gpu.present": None}, "listenOnNodeIP": True},
-        "archive": {"root": "file:///var/lib/gpulens/archive"},
-    }
-
-
-@pytest.fixture(scope="module")
-def gpulens_image(cluster, tmp_path_factory) -> str:
-    """The image/ room's image, built (cached by its context hash) and imported into the node."""
-    if not (REPO / "image" / "build.sh").exists():
-        pytest.fail("image/build.sh is missing: the cluster runs the image from the image room")
-    r = subprocess.run(["bash", str(REPO / "image" / "build.sh")], capture_output=True, text=True, timeout=3000)
-    assert r.returncode == 0, r.stderr[-6000:]
-    name = r.stdout.strip().splitlines()[-1]
-    tar = tmp_path_factory.mktemp("image") / "gpulens.tar"
-    s = subprocess.run(["bash", str(REPO / "image" / "podman"), "save", "-o", str(tar), name],
-                       capture_output=True, text=True, timeout=900)
-    assert s.returncode == 0, s.stderr
-    r = cluster_sh("load", str(tar), timeout=900)
-    assert r.returncode == 0, r.stderr
-    tar.unlink()
-    return name
-
-
-@pytest.fixture(scope="module")
-def release(cluster, api, gpulens_image):
-    from helm_python import Config
-    from kubernetes import client
-    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
-    cfg = Config(kubeconfig_path=cluster.kubeconfig, namespace=NS)
-    rel = cfg.install(str(CHART), RELEASE, install_values(gpulens_image), namespace=NS, wait="watcher", timeout=600)
-    yield rel
-    cfg.uninstall(RELEASE)
-    api.delete_namespace(NS)
-    wait_until("release namespace gone", lambda: NS not in {n.metadata.name for n in api.list_namespace().items}, 180)
 
 
 def pods(api, ns=NS, selector=""):
@@ -154,11 +108,7 @@ def test_webhook_arms_a_job_pod_and_operator_makes_its_coordinator(release, api,
 
 def test_no_403_in_any_component_log(release, api):
     wait_until("all release pods Ready", lambda: all_ready(api), 300)
-    for p in pods(api):
-        for c in p.spec.containers:
-            log = api.read_namespaced_pod_log(p.metadata.name, NS, container=c.name)
-            bad = [line for line in log.splitlines() if " 403" in line or "Forbidden" in line or '"403' in line]
-            assert not bad, f"{p.metadata.name}/{c.name}: {bad[:3]}"
+    assert forbidden_in_logs(api, NS) == {}
 
 
 def _sa_token(api, ns: str, sa: str) -> str:
