@@ -1,21 +1,28 @@
 """Node agent benchmarks: verification throughput, and observation latency under a big verification.
 
-1. Throughput: the agent's streaming verifier (`verify_trace`: parse, check, sha256) next to a
-   plain `json.load` of the same Kineto-shaped file and to ijson's C backend (yajl2_c) doing the
-   same per-event checks and hashing, each in a fresh process (so peak RSS is the
-   variant's own), interleaved, medians.
+1. Throughput: the agent's streaming verifier (`verify_trace`: parse, every check, sha256) next to
+   a plain `json.load` of the same file, each in a fresh process (so peak RSS is the variant's
+   own), interleaved, medians of wall and CPU time (CPU: user + system of all the process's
+   threads; steadier than wall on a shared machine). Side by side: the verifier as built (event
+   batches decoded by orjson, checked by C-level passes, sha256 on a helper thread), the same
+   with the stdlib scanner decoding the batches, the same reading one event per scanner call (the
+   reader before issue 17), and ijson's C backend (yajl2_c) doing the same per-event checks and
+   the sha256 over the events only (its upper bound). Two large files: a synthetic Kineto-shaped
+   CPU trace and one made of a real GPU trace's events (../shared/data/traces, repeated to size);
+   then each real trace file as it is (small: N runs in one process).
 2. Observation latency: small trace files renamed into a watched folder, time until the agent's
    observer reports them, (a) idle, (b) while a ~1 GB file verifies in the agent's process pool,
    and (c) for contrast, while the same verification runs on the event loop thread (what the
    design forbids). Medians over the small files.
 
-    python bench/agent_verify.py [--size-mb 200] [--big-mb 1024] [--runs 3] [--dir /var/tmp]
+    python bench/agent_verify.py [--size-mb 200] [--big-mb 1024] [--runs 3] [--dir /var/tmp] [--throughput-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import multiprocessing
 import os
@@ -33,6 +40,8 @@ from capture.agent.observation import Observer  # noqa: E402
 from capture.agent.verification import Expectation, verify_trace  # noqa: E402
 
 PID = 4242
+REAL = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "traces"
+REAL_BIG_SOURCE = "hta_trace_filter_2rank/sampled_rank-0.json.gz"
 
 
 def make_trace(path: Path, size_mb: int) -> None:
@@ -67,24 +76,54 @@ def expectation() -> Expectation:
                        span_slack_ms=10**9)
 
 
+def real_expectation(path: Path) -> Expectation:
+    """What a real trace passes: its own pid and categories, a window around its events."""
+    doc = json.loads(path.read_bytes())
+    events = doc["traceEvents"]
+    cpu = [e["pid"] for e in events if e.get("cat") in ("cpu_op", "python_function", "user_annotation")]
+    cats = tuple(sorted({e["cat"] for e in events if isinstance(e.get("cat"), str)}))
+    return Expectation(cats, window_start=0, window_end=4e9, duration_ms=10**9, pid=max(set(cpu), key=cpu.count))
+
+
+def make_real_trace(path: Path, size_mb: int) -> None:
+    """A real GPU trace's events (cpu_op, cuda_runtime, kernel, memcpy, metadata) repeated to size,
+    under Kineto's top-level keys (baseTimeNanoseconds 0: its ts are unix microseconds)."""
+    events = json.loads(gzip.decompress((REAL / REAL_BIG_SOURCE).read_bytes()))["traceEvents"]
+    body = ", ".join(json.dumps(e) for e in events)
+    reps = max(1, (size_mb << 20) // len(body))
+    with open(path, "w") as f:
+        f.write('{"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "bench"}], "displayTimeUnit": "ms", '
+                '"baseTimeNanoseconds": 0, "traceEvents": [')
+        f.write(", ".join([body] * reps))
+        f.write(f'], "traceName": {json.dumps(str(path))}}}')
+
+
 # --- 1. throughput -----------------------------------------------------------------------------
+
+VARIANTS = ("json.load", "verify_trace", "verify, stdlib batches", "verify, one by one (before)", "ijson yajl2_c")
 
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[3])
-path, how = sys.argv[1], sys.argv[2]
-t = time.perf_counter()
-if how == "json.load":
-    with open(path) as f:
-        doc = json.load(f)
-    ok = isinstance(doc, dict)
-elif how == "ijson":
-    # ijson's C backend (yajl2_c) doing the same per-event work as verify_trace (events only: it
-    # has no cheap way to hand back the top-level keys, so this is an upper bound for it)
+path, how, exp_kind, runs = sys.argv[1], sys.argv[2], sys.argv[4], int(sys.argv[5])
+from bench.agent_verify import expectation, real_expectation
+from pathlib import Path
+exp = expectation() if exp_kind == "synthetic" else real_expectation(Path(path))
+import capture.agent.jsonstream as js
+from capture.agent.verification import verify_trace
+if how == "verify, stdlib batches":
+    js.TraceStream.fast_loads = None
+elif how == "verify, one by one (before)":          # one scanner call per event, the per-event loop
+    js.TraceStream._batch = lambda self: -1
+
+
+def ijson_verify(path):
+    # ijson's C backend doing the same per-event work (events only: it has no cheap way to hand back
+    # the top-level keys as well, so this is an upper bound for it)
     import hashlib, ijson
-    from bench.agent_verify import PID
+    from capture.agent.verification import _Tally
     assert ijson.backend == "yajl2_c", ijson.backend
-    sha, cats = hashlib.sha256(), {}
+    sha = hashlib.sha256()
     class Hashing:
         def __init__(self, f):
             self.f = f
@@ -92,45 +131,58 @@ elif how == "ijson":
             d = self.f.read(n)
             sha.update(d)
             return d
-    ts_min = ts_max = None
-    foreign = 0
+    tally = _Tally(exp.pid, [])
     with open(path, "rb") as f:
         for item in ijson.items(Hashing(f), "traceEvents.item", use_float=True, buf_size=1 << 20):
-            if not isinstance(item, dict):
-                continue
-            cat = item.get("cat")
-            if cat is not None:
-                cats[cat] = cats.get(cat, 0) + 1
-            ph, ts = item.get("ph"), item.get("ts")
-            if ph != "M" and isinstance(ts, (int, float)) and not isinstance(ts, bool):
-                dur = item.get("dur")
-                end = ts + dur if isinstance(dur, (int, float)) and not isinstance(dur, bool) else ts
-                ts_min = ts if ts_min is None or ts < ts_min else ts_min
-                ts_max = end if ts_max is None or end > ts_max else ts_max
-            if cat == "cpu_op" and item.get("pid") != PID:
-                foreign += 1
-    ok = foreign == 0 and cats.get("cpu_op", 0) > 0
-else:
-    from bench.agent_verify import expectation
-    from capture.agent.verification import verify_trace
-    ok = verify_trace(path, expectation()).ok
-dt = time.perf_counter() - t
-print(json.dumps({"s": dt, "ok": ok, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+            tally.one(item)
+    sha.hexdigest()
+    return not tally.foreign_pids and tally.events > 0
+
+
+out = []
+for _ in range(runs):
+    t, c = time.perf_counter(), time.process_time()
+    if how == "json.load":
+        with open(path) as f:
+            doc = json.load(f)
+        ok = isinstance(doc, dict)
+        del doc
+    elif how == "ijson yajl2_c":
+        ok = ijson_verify(path)
+    else:
+        v = verify_trace(path, exp)
+        ok = v.ok or v.problems
+    out.append({"s": time.perf_counter() - t, "cpu": time.process_time() - c, "ok": ok})
+print(json.dumps({"runs": out, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
-def throughput(path: Path, runs: int) -> dict[str, dict[str, float]]:
+def throughput(path: Path, runs: int, exp_kind: str, in_process: int = 1) -> dict[str, dict[str, float]]:
+    """Each variant in a fresh process per run, interleaved; `in_process` runs inside each (small files)."""
     repo = str(Path(__file__).resolve().parent.parent)
-    results: dict[str, list[dict]] = {"json.load": [], "verify_trace": [], "ijson": []}
+    results: dict[str, list[dict]] = {how: [] for how in VARIANTS}
+    rss: dict[str, list[float]] = {how: [] for how in VARIANTS}
     for _ in range(runs):
-        for how in results:
-            out = subprocess.run([sys.executable, "-c", CHILD, str(path), how, repo], capture_output=True, text=True,
-                                 check=True)
-            results[how].append(json.loads(out.stdout))
+        for how in VARIANTS:
+            out = subprocess.run([sys.executable, "-c", CHILD, str(path), how, repo, exp_kind, str(in_process)],
+                                 capture_output=True, text=True, check=True)
+            got = json.loads(out.stdout)
+            results[how] += got["runs"]
+            rss[how].append(got["rss_mb"])
     mb = path.stat().st_size / 2**20
     return {how: {"mb_s": mb / statistics.median(r["s"] for r in rs), "s": statistics.median(r["s"] for r in rs),
-                  "rss_mb": statistics.median(r["rss_mb"] for r in rs), "ok": all(r["ok"] for r in rs)}
+                  "cpu": statistics.median(r["cpu"] for r in rs), "rss_mb": statistics.median(rss[how]),
+                  "ok": all(r["ok"] is True for r in rs), "problems": [r["ok"] for r in rs if r["ok"] is not True][:1]}
             for how, rs in results.items()}
+
+
+def report(title: str, path: Path, tp: dict[str, dict[str, float]]) -> None:
+    base = tp["json.load"]
+    print(f"{title}: {path.stat().st_size / 2**20:.1f} MiB")
+    print(f"  {'variant':<30} {'MB/s':>7} {'wall':>8} {'x json.load':>11} {'CPU':>8} {'x json.load':>11} {'peak RSS':>9}")
+    for how, r in tp.items():
+        print(f"  {how:<30} {r['mb_s']:7.1f} {r['s']:7.3f}s {base['s'] / r['s']:10.2f}x {r['cpu']:7.3f}s "
+              f"{base['cpu'] / r['cpu']:10.2f}x {r['rss_mb']:6.0f} MiB  ok={r['ok']} {r['problems'] or ''}")
 
 
 # --- 2. observation latency --------------------------------------------------------------------
@@ -189,25 +241,29 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=200)
     ap.add_argument("--big-mb", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--small-runs", type=int, default=20, help="runs per process on each real trace file as it is")
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--throughput-only", action="store_true", help="skip the observation-latency part")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir, prefix="gl-bench-") as d:
         d = Path(d)
+        print(f"{a.runs} interleaved fresh-process runs per variant, medians; x json.load = json.load's time / the variant's")
         trace = d / "t_4242.json"
         make_trace(trace, a.size_mb)
-        tp = throughput(trace, a.runs)
-        print(f"file: {trace.stat().st_size / 2**20:.0f} MiB, {a.runs} interleaved runs per variant, medians")
-        for how, r in tp.items():
-            print(f"  {how:<13} {r['mb_s']:7.1f} MB/s  {r['s']:6.2f} s  peak RSS {r['rss_mb']:7.0f} MiB  ok={r['ok']}")
-        print(f"  verify_trace / json.load speed: {tp['verify_trace']['mb_s'] / tp['json.load']['mb_s']:.2f}x, "
-              f"memory: {tp['verify_trace']['rss_mb'] / tp['json.load']['rss_mb']:.2f}x")
-        print(f"  ijson (yajl2_c, events only) / json.load speed: {tp['ijson']['mb_s'] / tp['json.load']['mb_s']:.2f}x, "
-              f"ijson / verify_trace: {tp['ijson']['mb_s'] / tp['verify_trace']['mb_s']:.2f}x")
+        report("synthetic Kineto-shaped CPU trace", trace, throughput(trace, a.runs, "synthetic"))
+        trace.unlink()
+        real = d / "real_4037.json"
+        make_real_trace(real, a.size_mb)
+        report(f"real GPU trace events ({REAL_BIG_SOURCE}) repeated", real, throughput(real, a.runs, "real"))
+        real.unlink()
+        for gz in sorted(REAL.glob("*/*.json.gz")):
+            small = d / gz.name.removesuffix(".gz")
+            small.write_bytes(gzip.decompress(gz.read_bytes()))
+            report(f"real trace as it is, {gz.parent.name}/{gz.name} ({a.small_runs} runs per process)", small,
+                   throughput(small, a.runs, "real", a.small_runs))
         if a.throughput_only:
             return
-        trace.unlink()
         big = d / "big_4242.json"
         make_trace(big, a.big_mb)
         watch = d / "watch"
