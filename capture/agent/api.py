@@ -1,6 +1,8 @@
 """The agent's HTTP API (aiohttp): a thin translation between requests and `Agent` calls.
 
-Every route but /healthz needs `Authorization: Bearer <token>` (compared in constant time). Bodies
+Every route but /healthz and /metrics needs `Authorization: Bearer <token>` (compared in constant
+time). /metrics is read-only counts without ids, open like dcgm-exporter's and kube-state-metrics'
+(docs/metrics.md says why). Bodies
 are limited (`max_body_bytes`, 413 beyond), must be JSON objects, and are validated against
 dispatch.schema.json; a 400 answers `{"error": ..., "field": ...}` naming what to fix.
 Routes and answers: docs/ARCHITECTURE.md, "Node agent API".
@@ -19,6 +21,7 @@ from aiohttp import web
 from gpulens.logs import get_logger
 
 from .. import limits, schemas, web_json
+from .metrics import CONTENT_TYPE, AgentMetrics
 from .service import Agent, DispatchRefused
 from .store import StoreWriteFailed
 
@@ -28,6 +31,9 @@ _log = get_logger("agent")
 MAX_BODY_BYTES = limits.AGENT_BODY.max_bytes
 AGENT_KEY: web.AppKey[Agent] = web.AppKey("agent", Agent)
 LIMIT_KEY: web.AppKey[limits.JsonLimit] = web.AppKey("body_limit", limits.JsonLimit)
+
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+METRICS_KEY: web.AppKey[AgentMetrics] = web.AppKey("metrics", AgentMetrics)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -44,7 +50,7 @@ def _auth_middleware(token: str):
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/healthz":
+        if request.path in OPEN_PATHS:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, expected):
@@ -116,7 +122,13 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+async def get_metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
+             metrics: AgentMetrics | None = None) -> web.Application:
     if not token:
         raise ValueError("the agent API needs a non-empty token")
     app = web.Application(middlewares=[_errors_middleware, _auth_middleware(token)], client_max_size=max_body_bytes)
@@ -127,4 +139,6 @@ def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES) 
     app.router.add_post("/v1/captures/{capture_id}/cancel", cancel_capture)
     app.router.add_get("/v1/workers", get_workers)
     app.router.add_get("/healthz", healthz)
+    app[METRICS_KEY] = metrics if metrics is not None else agent.pipeline.metrics
+    app.router.add_get("/metrics", get_metrics)
     return app

@@ -28,7 +28,8 @@ from ..archive import ArchiveError, ArchiveStore, RetryPolicy, put_file_retrying
 from ..dynolog import (ConfigError, OnDemandResult, PidOutcome, TraceConfig, TriggerFailed, build_config,
                        kineto_trace_path, log_file_for)
 from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
-from .observation import Observer
+from .metrics import AgentMetrics
+from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
 from .triggers import Trigger
@@ -67,10 +68,12 @@ def archive_key(archive_root: str, archive_prefix: str, target_id: str) -> str:
 
 class Pipeline:
     def __init__(self, settings: PipelineSettings, *, registry: WorkerRegistry, trigger: Trigger,
-                 store: StatusStore, observer: Observer, verify_pool: Executor, archive: ArchiveStore):
+                 store: StatusStore, observer: Observer, verify_pool: Executor, archive: ArchiveStore,
+                 metrics: AgentMetrics | None = None):
         self.s = settings
         self.registry, self.trigger, self.store = registry, trigger, store
         self.observer, self.verify_pool, self.archive = observer, verify_pool, archive
+        self.metrics = metrics or AgentMetrics()
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -95,6 +98,9 @@ class Pipeline:
                 rec.fail(R.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
                 await self._persist(rec, log, None)
                 break
+        published = self.store.status(rec.capture_id, rec.target_id)
+        if published is not None and published.terminal:
+            self.metrics.target_ended(published)  # once per run: what is on disk, as the coordinator sees it
         if rec.status.state is S.ARCHIVED and not self.s.keep_local:
             self._drop_local(rec)
 
@@ -258,6 +264,7 @@ class Pipeline:
             found = await self.observer.wait_for(rec.watch_path, min(self.s.liveness_interval_s, max(0.0, remaining)))
             if found is not None:
                 rec.observed_at = found.observed_at
+                self._observed_after(found)
                 return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
             if time.time() >= spec.deadline:
                 return await self._no_trace(rec)
@@ -267,6 +274,13 @@ class Pipeline:
                     return self._fail(rec, R.PROCESS_GONE, f"pid {rec.worker['pid']} exited before its trace appeared")
                 rec.observed_at = found.observed_at
                 return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+
+    def _observed_after(self, found: ObservedFile) -> None:
+        try:
+            written = os.stat(found.path).st_mtime
+        except OSError:
+            return
+        self.metrics.observation_delay.observe(max(0.0, found.observed_at - written))
 
     async def _no_trace(self, rec: TargetRecord) -> None:
         """No file by the deadline: `dynolog_lost` when the dynolog that queued the config no longer
@@ -304,7 +318,9 @@ class Pipeline:
             iterations=spec.iterations,
         )
         loop = asyncio.get_running_loop()
+        started = time.monotonic()
         verdict = await loop.run_in_executor(self.verify_pool, verify_trace, path, exp)
+        self.metrics.verified(verdict.size or 0, time.monotonic() - started)
         rec.verdict = verdict.to_dict()
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
@@ -336,6 +352,7 @@ class Pipeline:
                 self._save(rec)
             except StoreWriteFailed:
                 pass  # only a progress note; the next state change is written (and retried) in full
+            self.metrics.archive_retries.inc()
             log.warning("archive.retry", attempt=attempt, error=str(exc)[:300])
 
         try:

@@ -20,6 +20,7 @@ from gpulens.logs import get_logger
 from ..archive import RetryPolicy, open_archive
 from ..dynolog import DynologClient, KinetoEndpoint
 from .api import MAX_BODY_BYTES, make_app
+from .metrics import AgentMetrics
 from .observation import Observer
 from .pipeline import Pipeline, PipelineSettings
 from .registry import WorkerRegistry
@@ -84,6 +85,7 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
     archive = open_archive(o.archive_root, endpoint_url=o.s3_endpoint) if o.archive_root.startswith("s3://") \
         else open_archive(o.archive_root)
     backend = await choose_trigger(o.trigger, o.dynolog_addr)
+    metrics = AgentMetrics()  # this agent's own registry
     endpoint: KinetoEndpoint | None = None
     trigger: Trigger
     if backend == "builtin":
@@ -95,7 +97,8 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
         await endpoint.start()
         trigger = BuiltinTrigger(endpoint)
     elif backend == "dynolog":
-        trigger = DynologTrigger(DynologClient.from_addr(o.dynolog_addr, timeout_s=o.dynolog_timeout_s))
+        trigger = DynologTrigger(DynologClient.from_addr(o.dynolog_addr, timeout_s=o.dynolog_timeout_s,
+                                                         on_call=metrics.dynolog_call))
     else:
         raise ValueError(f"unknown trigger {o.trigger!r}: auto, builtin or dynolog")
     observer = Observer()
@@ -111,13 +114,13 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
                                     retry_interval_s=o.retry_interval_s, keep_local=o.keep_local,
                                     archive_policy=o.archive_policy)
         pipeline = Pipeline(settings, registry=registry, trigger=trigger, store=store, observer=observer,
-                            verify_pool=pool, archive=archive)
+                            verify_pool=pool, archive=archive, metrics=metrics)
         agent = Agent(pipeline=pipeline, store=store, registry=registry, archive_root=o.archive_root,
                       housekeeping=Housekeeping())
         if endpoint is not None:
             endpoint.on_delivered = agent.on_delivered
         await agent.start()
-        runner = web.AppRunner(make_app(agent, o.token, max_body_bytes=o.max_body_bytes), access_log=None)
+        runner = web.AppRunner(make_app(agent, o.token, max_body_bytes=o.max_body_bytes, metrics=metrics), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, o.host, o.port)
         await site.start()

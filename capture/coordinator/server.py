@@ -1,6 +1,6 @@
 """The coordinator's HTTP API (aiohttp): a thin adapter from requests to `Coordinator`.
 
-Every error is a JSON body with `error` (and `field` for a 400), never a stack trace; an id this
+`/healthz` and `/metrics` need no token (read-only, no ids). Every error is a JSON body with `error` (and `field` for a 400), never a stack trace; an id this
 process did not start is answered from the archive when its manifest is there (`from_archive`),
 else `404 {"phase": "unknown"}`.
 """
@@ -18,7 +18,8 @@ from capture.annotations.render import report_link
 from capture.models import CaptureRequest
 from capture.schemas import SchemaError
 
-from .auth import Credentials, auth_middleware
+from .auth import OPEN_PATHS, Credentials, auth_middleware
+from .metrics import CONTENT_TYPE
 from .progress import Phase
 from .service import CaptureBusy, Coordinator, RequestMismatch
 
@@ -46,6 +47,12 @@ def _unknown(capture_id: str) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     s = request.app[COORDINATOR].settings
     return web.json_response({"status": "ok", "job_id": s.job_id, "attempt": s.attempt, "namespace": s.namespace})
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    """Open like /healthz: counts by outcome and reason, no ids (docs/metrics.md)."""
+    body = request.app[COORDINATOR].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def start_capture(request: web.Request) -> web.Response:
@@ -145,10 +152,12 @@ async def capture_events(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(coordinator: Coordinator, credentials: Credentials, *, heartbeat_s: float = 15.0) -> web.Application:
-    app = web.Application(middlewares=[web_json.json_errors, auth_middleware(credentials)], client_max_size=limits.COORDINATOR_BODY.max_bytes)
+    app = web.Application(middlewares=[web_json.json_errors, auth_middleware(credentials, OPEN_PATHS | {"/metrics"})],
+                          client_max_size=limits.COORDINATOR_BODY.max_bytes)
     app[COORDINATOR] = coordinator
     app[HEARTBEAT_S] = heartbeat_s
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", get_metrics)
     app.router.add_post("/v1/captures", start_capture)
     app.router.add_get("/v1/captures", list_captures)
     app.router.add_get("/v1/captures/{capture_id}", get_capture)

@@ -30,6 +30,7 @@ from .deadlines import DeadlinePolicy, DelayTracker
 from .discovery import Discovery, DiscoveryError
 from .fanout import AgentWorker, FanoutSettings
 from .manifests import build_manifest, capture_prefix, check_artifacts, write_manifest
+from .metrics import CoordinatorMetrics
 from .progress import CaptureRecord, Phase
 
 __all__ = ["CoordinatorSettings", "Coordinator", "CaptureBusy", "RequestMismatch"]
@@ -73,8 +74,9 @@ class Coordinator:
     def __init__(self, settings: CoordinatorSettings, discovery: Discovery, agents: AgentClient, *,
                  annotations: AnnotationSink | None = None, analysis: AnalysisRunner | None = None,
                  open_store: Callable[[str], ArchiveStore] | None = None,
-                 annotation_backoff_s: tuple[float, float] = (1.0, 60.0)):
+                 annotation_backoff_s: tuple[float, float] = (1.0, 60.0), metrics: CoordinatorMetrics | None = None):
         self.settings, self.discovery, self.agents = settings, discovery, agents
+        self.metrics = metrics or CoordinatorMetrics()  # this coordinator's own registry
         self.annotations, self.analysis = annotations, analysis
         self.open_store = open_store or (lambda prefix: open_archive(prefix, endpoint_url=settings.s3_endpoint)
                                          if prefix.startswith("s3://") else open_archive(prefix))
@@ -236,6 +238,7 @@ class Coordinator:
             record.set_phase(Phase.FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             if record.phase in Phase.DONE:
+                self.metrics.capture_ended(record)
                 self._annotate(record)
                 self._keep_copy(record)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from typing import Any
+import time
+from typing import Any, Callable
 
 from .results import OnDemandResult, TriggerFailed
 
@@ -36,13 +37,18 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+OnCall = Callable[[str, float, "str | None"], None]  # (method, seconds, failure reason or None)
+
+
 class DynologClient:
-    def __init__(self, host: str = "127.0.0.1", port: int = 1778, *, timeout_s: float = 3.0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 1778, *, timeout_s: float = 3.0,
+                 on_call: OnCall | None = None):
         self.host, self.port, self.timeout_s = host, port, timeout_s
+        self.on_call = on_call  # the agent's metrics: every call's duration and outcome
 
     def with_timeout(self, timeout_s: float) -> "DynologClient":
         """The same dynolog, a different per-step timeout (a liveness probe must be quick)."""
-        return type(self)(self.host, self.port, timeout_s=timeout_s)
+        return type(self)(self.host, self.port, timeout_s=timeout_s, on_call=self.on_call)
 
     @property
     def where(self) -> str:
@@ -56,6 +62,19 @@ class DynologClient:
     async def call(self, request: dict[str, Any]) -> Any:
         """Send one request, return the decoded answer. Raises TriggerFailed(dynolog_unreachable |
         dynolog_error); unreachable and timeouts are retryable."""
+        if self.on_call is None:
+            return await self._call(request)
+        started = time.monotonic()
+        method = str(request.get("fn"))
+        try:
+            answer = await self._call(request)
+        except TriggerFailed as exc:
+            self.on_call(method, time.monotonic() - started, exc.reason)
+            raise
+        self.on_call(method, time.monotonic() - started, None)
+        return answer
+
+    async def _call(self, request: dict[str, Any]) -> Any:
         where = f"dynolog at {self.host}:{self.port}"
         t = self.timeout_s
         try:

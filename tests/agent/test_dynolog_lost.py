@@ -14,6 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from capture.agent.client import AgentClient
 from capture.agent.runtime import start_agent
 from tests.agent.fake_kineto import FakeKineto
@@ -31,6 +34,14 @@ def start_double(sock_dir: str) -> tuple[subprocess.Popen, int]:
     ready = json.loads(line)
     assert ready["ready"], line
     return proc, ready["rpc_port"]
+
+
+async def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 async def wait_state(client: AgentClient, capture_id: str, state: str, timeout: float = 20.0):
@@ -59,6 +70,7 @@ async def test_dynolog_killed_after_queueing_is_dynolog_lost_at_the_deadline(nod
                 os.killpg(double.pid, signal.SIGKILL)
                 double.wait(10)
                 st = (await converge(client, "c-dyn-lost-01", timeout=30))["rank-0"]
+            metrics = await scrape(running.url)
         finally:
             await running.stop()
     finally:
@@ -72,6 +84,17 @@ async def test_dynolog_killed_after_queueing_is_dynolog_lost_at_the_deadline(nod
     assert f"activityProfilersTriggered=[{proc.pid}]" in st.detail and "activityProfilersBusy=0" in st.detail
     last = st.trigger_attempts[-1]
     assert last.backend == "dynolog" and last.triggered == [proc.pid] and proc.pid in last.processes_matched
+    # /metrics (no token): every RPC timed by method, the failed probe counted, the target's reason
+    requests = sum(a.count for a in st.trigger_attempts)
+    assert metrics[("gpulens_agent_dynolog_rpc_duration_seconds_count", (("method", "setKinetOnDemandRequest"),))] \
+        == requests
+    assert metrics[("gpulens_agent_dynolog_rpc_duration_seconds_count", (("method", "getVersion"),))] == 1
+    assert metrics[("gpulens_agent_dynolog_rpc_errors_total",
+                    (("method", "getVersion"), ("reason", "dynolog_unreachable")))] == 1
+    assert not any(k[0] == "gpulens_agent_dynolog_rpc_errors_total" and ("method", "setKinetOnDemandRequest") in k[1]
+                   for k in metrics), "the queueing call answered"
+    assert metrics[("gpulens_agent_targets_total", (("outcome", "failed"), ("reason", "dynolog_lost")))] == 1
+    assert metrics[("gpulens_agent_targets_total", (("outcome", "failed"), ("reason", "trace_timeout")))] == 0
 
 
 async def test_dynolog_alive_but_no_trace_is_trace_timeout_with_every_raw_answer_kept(node):  # noqa: F811
