@@ -14,8 +14,10 @@ from typing import Any, Iterable
 __all__ = ["DEFAULT_RUNBOOK_BASE_URL", "DEFAULT_GRAFANA_URL", "rebase_links", "scale_durations",
            "prometheus_rule", "parse_duration", "format_duration"]
 
-#: The link bases written in the source rule files; re-based at generation time.
-DEFAULT_RUNBOOK_BASE_URL = "https://gpulens.example.com/docs/runbooks"
+#: The link bases written in the source rule files; re-based at generation time. The runbook base
+#: is the repository's docs/runbooks on its default branch (pyproject.toml [project.urls] Runbooks),
+#: so every alert's runbook link opens a real page unless an installation re-bases it.
+DEFAULT_RUNBOOK_BASE_URL = "https://gpulens.dev/source/blob/main/docs/runbooks"
 DEFAULT_GRAFANA_URL = "http://localhost:3000"
 
 Groups = list[dict[str, Any]]

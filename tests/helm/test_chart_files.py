@@ -11,6 +11,8 @@ import subprocess
 import pytest
 import yaml
 
+from alertrules.manifest import DEFAULT_RUNBOOK_BASE_URL
+
 from .chart import CHART_DIR, REPO, by_kind, one, render
 from .value_sets import VALUE_SETS
 from tests.conftest import missing
@@ -49,9 +51,34 @@ def test_rendered_rules_equal_the_alertrules_manifest_except_link_bases():
     assert got == want
     rebased = one(render(VALUE_SETS["everything"]), "PrometheusRule", "")["spec"]
     text = json.dumps(rebased)
-    assert "gpulens.example.com/docs/runbooks" not in text and "localhost:3000" not in text
+    assert DEFAULT_RUNBOOK_BASE_URL not in text and "localhost:3000" not in text
     assert "https://wiki.example.com/gpulens/runbooks/" in text and "https://grafana.example.com/d/" in text
     assert "{{ $labels.namespace }}" in text   # Prometheus templating left for Prometheus
+
+
+def _project_urls() -> dict[str, str]:
+    import tomllib
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+
+
+def test_default_runbook_links_open_files_in_the_repositorys_docs_runbooks():
+    """Under the chart's default values every alert's runbook_url is the repository's docs base
+    (pyproject's Runbooks URL, the chart's default, the source rules' base: one value) followed by
+    the name of a file that exists in docs/runbooks/ — never a placeholder host."""
+    base = _project_urls()["Runbooks"].rstrip("/")
+    assert base == DEFAULT_RUNBOOK_BASE_URL
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert values["monitoring"]["prometheusRule"]["runbookBaseUrl"].rstrip("/") == base
+    assert base.startswith(_project_urls()["Repository"].rstrip("/") + "/")
+    spec = one(render({"monitoring": {"prometheusRule": {"enabled": True}}}), "PrometheusRule", "")["spec"]
+    alerts = [r for g in spec["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts, "the default PrometheusRule has no alerts"
+    existing = {p.name for p in (REPO / "docs" / "runbooks").glob("*.md")}
+    for alert in alerts:
+        url = alert["annotations"]["runbook_url"]
+        assert url.startswith(base + "/"), (alert["alert"], url)
+        assert url.removeprefix(base + "/") in existing, (alert["alert"], url)
+    assert "example.com" not in json.dumps(spec)
 
 
 def test_rendered_rules_pass_promtool(tmp_path):

@@ -163,6 +163,11 @@ async def test_every_runbook_an_alert_links_to_is_served_by_the_captures_page(tm
             assert await r.text() == (RUNBOOKS_DIR / path.rsplit("/", 1)[1]).read_text()
         index = await (await client.get("/runbooks/")).text()
         assert all(f'href="{p}"' in index for p in links)
+        # every runbook link the page itself shows (its index and the runbook list) opens too
+        shown = set(re.findall(r'href="(/runbooks/[^"]+)"', index + await (await client.get("/")).text()))
+        assert links <= shown and len(shown) == len(list(RUNBOOKS_DIR.glob("*.md")))
+        for path in sorted(shown):
+            assert (await client.get(path)).status == 200, path
         from yarl import URL
         for bad in ("/runbooks/nope.md", "/runbooks/..%2F..%2FREADME.md", "/runbooks/%2e%2e", "/runbooks/Host.md"):
             r = await client.get(URL(bad, encoded=True))
