@@ -266,6 +266,12 @@ class Pipeline:
                 rec.observed_at = found.observed_at
                 self._observed_after(found)
                 return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+            if rec.kineto_refusal is not None:  # Kineto's polls say it dropped the config (builtin)
+                found = await self.observer.wait_for(rec.watch_path, min(1.0, self.s.liveness_interval_s))
+                if found is None:
+                    return self._fail(rec, R.KINETO_REFUSED, f"{rec.kineto_refusal}; no {rec.watch_path}")
+                rec.observed_at = found.observed_at
+                return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
             if time.time() >= spec.deadline:
                 return await self._no_trace(rec)
             if host_pid and not self._alive(rec):
@@ -403,6 +409,18 @@ def _timeout_hint(rec: TargetRecord) -> str:
     if rec.backend == "builtin" and rec.delivered_at is None:
         return (f"Kineto in pid {pid} never fetched the config (is the trainer armed with KINETO_USE_DAEMON=1 and "
                 "KINETO_IPC_SOCKET_DIR = the agent's --socket-dir? is its training loop stuck?)")
+    if rec.kineto_idle_at is not None:
+        return (f"Kineto fetched the config at {_iso(rec.delivered_at)}, traced from {_iso(rec.kineto_started_at)} "
+                f"and was idle again at {_iso(rec.kineto_idle_at)}, but wrote no file there: the trainer's trace dir "
+                "must exist and be writable, newer Kineto writes only under KINETO_ONDEMAND_TRACE_DIR (else /tmp), and "
+                f"a torch.profiler session in the trainer cancels on-demand traces (pid {pid}'s log says which)")
+    if rec.kineto_started_at is not None:
+        return (f"Kineto fetched the config at {_iso(rec.delivered_at)} and started tracing by "
+                f"{_iso(rec.kineto_started_at)}, but had not finished by the deadline (see pid {pid}'s log)")
+    if rec.backend == "builtin" and rec.spec.iterations:
+        return (f"Kineto fetched the config at {_iso(rec.delivered_at)} and never started it: an iteration-aligned "
+                f"trace waits for its start iteration (a multiple of the round-up), so pid {pid} did not step that far "
+                "by the deadline, or its log says why it was ignored")
     if rec.backend == "builtin":
         fetched = f"Kineto fetched the config at {_iso(rec.delivered_at)} but wrote no trace"
     else:

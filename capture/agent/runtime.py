@@ -119,6 +119,7 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
                       housekeeping=Housekeeping())
         if endpoint is not None:
             endpoint.on_delivered = agent.on_delivered
+            endpoint.on_kineto = agent.on_kineto
         await agent.start()
         runner = web.AppRunner(make_app(agent, o.token, max_body_bytes=o.max_body_bytes, metrics=metrics), access_log=None)
         await runner.setup()

@@ -17,7 +17,7 @@ from typing import Any
 from gpulens.logs import get_logger
 
 from ..archive import under_prefix
-from ..dynolog import ConfigError, Delivery, TraceConfig, build_config, log_file_for
+from ..dynolog import ConfigError, Delivery, KinetoOutcome, TraceConfig, build_config, log_file_for
 from ..models import Dispatch, TargetState, TargetStatus
 from .pipeline import Pipeline
 from .registry import Worker, WorkerRegistry
@@ -160,6 +160,33 @@ class Agent:
                 rec.status.updated_at = time.time()
                 self._try_put(rec, "target.delivery_not_persisted")
                 return
+
+    def on_kineto(self, outcome: KinetoOutcome) -> None:
+        """Builtin endpoint callback: what Kineto's polls say it did with a fetched config. A refusal
+        is only recorded here; the target's pipeline ends it `failed(kineto_refused)` (after a last
+        look for the file), so the final status is written by one hand."""
+        if outcome.trace_id is None:
+            return
+        for rec in self.store.all():
+            if (rec.backend == "builtin" and rec.trace_id == outcome.trace_id
+                    and rec.status.state is TargetState.QUEUED_BY_DYNOLOG):
+                if outcome.kind == "started":
+                    rec.kineto_started_at = outcome.at
+                elif outcome.kind == "finished":
+                    rec.kineto_idle_at = outcome.at
+                else:
+                    held = self._named(outcome.held_trace_id)
+                    rec.kineto_refusal = outcome.describe() + (f" [held by {held}]" if held else "")
+                rec.status.updated_at = time.time()
+                self._try_put(rec, "target.kineto_not_persisted")
+                return
+
+    def _named(self, trace_id: str | None) -> str | None:
+        """`capture <id> target <id>` of the target whose config carries `trace_id`, if it is ours."""
+        for rec in self.store.all() if trace_id else ():
+            if rec.trace_id == trace_id:
+                return f"capture {rec.capture_id} target {rec.target_id}"
+        return None
 
     def _try_put(self, rec: TargetRecord, event: str) -> None:
         """A write whose content the pipeline's next (retried) write also carries."""

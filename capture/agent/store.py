@@ -55,6 +55,9 @@ class TargetRecord:
     trace_id: str | None = None            # the id the agent set (builtin); the file's otherwise
     queued_at: float | None = None
     delivered_at: float | None = None      # builtin only: Kineto fetched the config
+    kineto_started_at: float | None = None  # builtin only: Kineto's polls turned busy (warm-up began)
+    kineto_idle_at: float | None = None     # builtin only: ...and idle again (that trace is over)
+    kineto_refusal: str | None = None       # builtin only: why Kineto's polls show it dropped the config
     observed_at: float | None = None
     verdict: dict[str, Any] | None = None
     cancelled: bool = False

@@ -7,6 +7,8 @@ a config is handed over only on a poll with the activities bit set (a tracing pr
 it, so a request during a trace waits in the slot and shows as busy), processes not heard from for
 60 s are forgotten. One deliberate difference: a request matches a process only by its own (leaf)
 pid, never through its ancestors, so a worker's children that inherited the job id are not traced.
+What Kineto then did with a fetched config (started, finished, refused) is read from its later
+polls by `KinetoWatch` and reported through `on_kineto`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Callable
 
 from gpulens.logs import get_logger
 from . import ipcwire
+from .kineto_watch import KinetoOutcome, KinetoWatch
 from .results import OnDemandResult
 
 __all__ = ["KinetoEndpoint", "Delivery", "KnownProcess", "EndpointBusy"]
@@ -81,6 +84,7 @@ class KinetoEndpoint:
     def __init__(self, socket_dir: str | None = None, *, name: str = ipcwire.DYNOLOG_NAME,
                  keepalive_s: float = 60.0, gc_interval_s: float = 60.0,
                  on_delivered: Callable[[Delivery], None] | None = None,
+                 on_kineto: Callable[[KinetoOutcome], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.socket_dir = os.path.abspath(socket_dir) if socket_dir else None
         self.address = ipcwire.endpoint_address(name, self.socket_dir)
@@ -92,6 +96,8 @@ class KinetoEndpoint:
         self._transport: asyncio.DatagramTransport | None = None
         self._gc_task: asyncio.Task | None = None
         self._refused: set[str] = set()
+        self.on_kineto = on_kineto
+        self._watch = KinetoWatch(self._kineto_said, clock=clock)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -197,6 +203,7 @@ class KinetoEndpoint:
         stale = [k for k, p in self._procs.items() if p.last_seen < cutoff]
         for key in stale:
             del self._procs[key]
+            self._watch.forget(key)
         return len(stale)
 
     async def _gc_loop(self) -> None:
@@ -231,12 +238,20 @@ class KinetoEndpoint:
             proc = self._procs[key] = KnownProcess(req.job_id, tuple(req.pids), self._clock())
             _log.info("ipc.registered", job=req.job_id, pids=",".join(map(str, req.pids)))
         proc.last_seen = self._clock()
+        self._watch.on_poll(key, req.job_id, proc.leaf, req.wants_activities)
         config = b""
         if req.wants_activities and proc.pending is not None:
             config = (proc.pending + "\n").encode()
             delivery = Delivery(req.job_id, proc.leaf, proc.pending_trace_id, time.time())
+            self._watch.on_fetch(key, req.job_id, proc.leaf, proc.pending_trace_id, proc.pending)
             proc.pending = proc.pending_trace_id = None
             _log.info("ipc.config_fetched", job=req.job_id, pid=proc.leaf, trace_id=delivery.trace_id)
             if self.on_delivered is not None:
                 self.on_delivered(delivery)
         return ipcwire.pack("req", config)
+
+    def _kineto_said(self, outcome: KinetoOutcome) -> None:
+        _log.info("ipc.kineto_" + outcome.kind, job=outcome.job_id, pid=outcome.pid, trace_id=outcome.trace_id,
+                  cause=outcome.cause, held_trace_id=outcome.held_trace_id)
+        if self.on_kineto is not None:
+            self.on_kineto(outcome)

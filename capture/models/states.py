@@ -41,6 +41,7 @@ class FailureReason(str, Enum):
     DYNOLOG_ERROR = "dynolog_error"          # dynolog answered {"status": ...} only
     TRACE_TIMEOUT = "trace_timeout"          # queued, but no final trace file before the deadline (dynolog still answers)
     DYNOLOG_LOST = "dynolog_lost"            # queued, no trace by the deadline, and dynolog no longer answers
+    KINETO_REFUSED = "kineto_refused"        # Kineto fetched the config and dropped it (builtin endpoint sees it)
     VERIFICATION_FAILED = "verification_failed"
     ARCHIVE_FAILED = "archive_failed"
     CANCELLED = "cancelled"

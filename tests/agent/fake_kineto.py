@@ -10,7 +10,9 @@ Kineto's top-level keys, REQUEST_TRACE_ID as `trace_id`, and the requested activ
 (python_function only with PROFILE_WITH_STACK). `mode` makes it misbehave on purpose:
 `truncate` (a torn write renamed into place), `ignore_types` (Kineto's default set instead of
 ACTIVITY_TYPES), `refuse` (fetches the config, then drops it as Kineto does on "insufficient time
-for warmup": no trace, back to idle polls, the reason only in its own log).
+for warmup": it never turns busy, keeps polling idle, writes no trace, the reason only in its own
+log), `no_file` (traces, busy polls and all, then goes idle without writing a file, as Kineto does
+when its log file cannot be opened or a torch.profiler session cancels the trace).
 """
 
 from __future__ import annotations
@@ -54,15 +56,17 @@ class FakeKineto(threading.Thread):
                         key, value = (part.strip() for part in line.split("="))
                         cfg[key] = value
                 self.configs.append(cfg)
-                self.tracing = True
-                threading.Thread(target=self._trace, args=(cfg,), daemon=True).start()
+                if self.mode != "refuse":    # a refused config never activates the profiler
+                    self.tracing = True
+                    threading.Thread(target=self._trace, args=(cfg,), daemon=True).start()
             self._halt.wait(self.poll_s)
 
     def _trace(self, cfg: dict[str, str]) -> None:
         try:
-            if self.mode == "refuse":
-                return
             time.sleep(self.trace_delay_s)
+            if self.mode == "no_file":
+                time.sleep(int(cfg.get("ACTIVITIES_DURATION_MSECS", "500")) / 1000)
+                return
             start = time.time()
             duration = int(cfg.get("ACTIVITIES_DURATION_MSECS", "500")) / 1000
             types = [t for t in cfg.get("ACTIVITY_TYPES", "").split(",") if t]
