@@ -16,6 +16,12 @@ from gpulens.logs import get_logger
 
 log = get_logger("gateway")
 
+#: Alert-started captures trace this many optimizer steps by default, so every rank's trace covers
+#: the same iterations and "rank 3 is slower" compares like with like ...
+ALERT_ITERATIONS = 10
+#: ... within this much time (the bound `capture start --iterations` uses too).
+ALERT_ITERATIONS_BOUND_MS = 30_000
+
 
 
 
@@ -30,7 +36,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--coordinator-url-template", help="e.g. 'http://{service}.{namespace}.svc:9452' ({namespace}, {job}, {service})")
     a("--coordinator-token-file", type=Path, required=True, help="bearer token for the coordinators")
     a("--cooldown-s", type=float, default=600.0, help="per job: no alert starts a capture sooner after the last one")
-    a("--duration-ms", type=int, default=2000, help="window of alert-started captures")
+    a("--iterations", type=int, default=ALERT_ITERATIONS, metavar="N",
+      help="alert-started captures trace N optimizer steps, every rank from the same iteration (a process that "
+           "never steps gets a short time trace, marked so); 0: wall-clock windows of --duration-ms")
+    a("--iteration-roundup", type=int, metavar="R",
+      help="with --iterations: start at a multiple of R (default: the coordinator's, 100)")
+    a("--duration-ms", type=int, default=None,
+      help="window of alert-started captures (default 2000), or with --iterations the most time they may take "
+           "(default 30000)")
     a("--activities", help="comma list of Kineto activity types for alert-started captures "
                            "(default: CPU ops plus the GPU timeline: kernels, copies, runtime calls)")
     a("--state-dir", type=Path, help="persist handled alert episodes here (repeats stay repeats after a restart)")
@@ -64,7 +77,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         def api_for(url: str) -> CaptureApi:
             return CaptureApi(session, url, coordinator_token.read(), timeout_s=5.0)
         gateway = Gateway(GatewaySettings(cooldown_s=args.cooldown_s, duration_ms=args.duration_ms,
-                                          activities=activities), router, ledger, api_for)
+                                          activities=activities, iterations=args.iterations,
+                                          iteration_roundup=args.iteration_roundup), router, ledger, api_for)
         runner = web.AppRunner(make_app(gateway, credentials, api_for), access_log=None)
         await runner.setup()
         host, port = args.listen
@@ -88,5 +102,11 @@ def run(args: argparse.Namespace) -> int:
     if not (args.route or args.routes_file or args.coordinator_url_template):
         print("gpulens gateway: give --route, --routes-file or --coordinator-url-template", file=sys.stderr)
         return 2
+    if not 0 <= args.iterations <= 10_000 or (args.iteration_roundup is not None and not 1 <= args.iteration_roundup <= 1_000_000):
+        print("gpulens gateway: --iterations takes 0..10000 (0: wall-clock windows), --iteration-roundup 1..1000000",
+              file=sys.stderr)
+        return 2
+    if args.duration_ms is None:
+        args.duration_ms = ALERT_ITERATIONS_BOUND_MS if args.iterations else 2000
 
     return serve_until_stopped(lambda stop: serve(args, stop), prog="gpulens gateway")

@@ -41,9 +41,16 @@ ALERT_ACTIVITIES = ("cpu_op", "user_annotation", "gpu_user_annotation", "gpu_mem
 
 @dataclass(frozen=True)
 class GatewaySettings:
+    """`iterations` > 0: alert-started captures are iteration-aligned (N optimizer steps from one
+    iteration on every rank, within `duration_ms`); a process that never steps gets Kineto's short
+    time trace instead, marked `stepped: false` in the manifest. 0: a wall-clock window of
+    `duration_ms`. Manual captures ask for what they ask for."""
+
     cooldown_s: float = 600.0
     duration_ms: int = 2000
     activities: tuple[str, ...] = ALERT_ACTIVITIES
+    iterations: int = 0
+    iteration_roundup: int | None = None   # None: the coordinator's default
 
 
 @dataclass
@@ -98,8 +105,10 @@ class Gateway:
                                workload="/".join(v for v in (alert.labels.get("namespace"), alert.labels.get("pod"))
                                                  if v) or None,
                                text=(alert.annotations.get("summary") or None) and alert.annotations["summary"][:2000])
-        return CaptureRequest(job_id="", duration_ms=self.settings.duration_ms, activities=self.settings.activities,
-                              reason=reason, requested_by="alertmanager", capture_id=capture_id).to_dict()
+        s = self.settings
+        return CaptureRequest(job_id="", duration_ms=s.duration_ms, activities=s.activities, reason=reason,
+                              requested_by="alertmanager", capture_id=capture_id, iterations=s.iterations or None,
+                              iteration_roundup=s.iteration_roundup if s.iterations else None).to_dict()
 
     async def _firing(self, alert: Alert, route: Route) -> Outcome:
         entry = self.ledger.alerts.get(alert.key)

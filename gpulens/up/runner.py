@@ -124,7 +124,10 @@ class Runner:
         await self.sup.start(ChildSpec(
             "gateway", self.cli + ["gateway", "--listen", f"127.0.0.1:{P.gateway}", "--token-file", str(tok("gateway")),
                                    "--routes-file", str(L.routes_file), "--coordinator-token-file", str(tok("coordinator")),
-                                   "--state-dir", str(L.state / "gateway"), "--cooldown-s", "120"],
+                                   "--state-dir", str(L.state / "gateway"), "--cooldown-s", "120",
+                                   # wall-clock alert captures in the demo, like its own baseline: with ~20 ms
+                                   # steps, the ranks' 5 s Kineto poll phases can span more than a 100-step round-up
+                                   "--iterations", "0"],
             ready=http_ready(f"http://127.0.0.1:{P.gateway}/healthz"), url=f"http://127.0.0.1:{P.gateway}"))
         self.operator = LocalOperator(self)
         self.page = Page(self, port=P.ui)
