@@ -1,6 +1,7 @@
-"""Faults of the add-on in the cluster that must not reach the workload: with the arming webhook
+"""Faults of the add-on in the cluster that must not reach the workload. With the arming webhook
 unavailable (no operator Pod serves it), pods in an opted-in namespace are still created, unarmed
-(failurePolicy Ignore)."""
+(failurePolicy Ignore). With the operator leader killed, the other replica takes the Lease over and
+keeps the job's coordinator (no duplicate) and brings its lost Pod back."""
 
 from __future__ import annotations
 
@@ -48,3 +49,49 @@ def test_pods_are_created_unarmed_while_the_webhook_is_down(release, api, toolbo
         apps.patch_namespaced_deployment_scale(dep.metadata.name, NS, {"spec": {"replicas": replicas}})
         api.delete_namespace(ns)
     wait_until("operators back", lambda: _operator_ready(api, replicas), 300)
+
+
+def _lease_holder(api) -> str | None:
+    from kubernetes import client
+    leases = client.CoordinationV1Api(api.api_client).list_namespaced_lease(NS).items
+    return next((lease.spec.holder_identity for lease in leases if lease.spec.holder_identity), None)
+
+
+def test_the_other_operator_takes_over_when_the_leader_is_killed(release, api, toolbox):
+    """The new leader acts (it brings the job's lost coordinator Pod back) and duplicates nothing."""
+    from kubernetes import client
+    ns = f"ml-{uuid.uuid4().hex[:6]}"
+    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=ns, labels={"gpulens.dev/arming": "enabled"})))
+    custom = client.CustomObjectsApi(api.api_client)
+
+    def coordinators():
+        return custom.list_namespaced_custom_object("gpulens.dev", "v1alpha1", ns, "capturecoordinators")["items"]
+    try:
+        client.BatchV1Api(api.api_client).create_namespaced_job(ns, {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer"},
+            "spec": {"backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": toolbox, "imagePullPolicy": "Never",
+                                "command": ["/bin/busybox", "sleep", "600"]}]}}}})
+        (cc,) = wait_until("the job's CaptureCoordinator", coordinators, 120)
+        ops = wait_until("two operators Ready", lambda: _operator_ready(api, 2), 300)
+        holder = wait_until("a lease holder", lambda: _lease_holder(api), 120)
+        (leader,) = [p for p in ops if p.metadata.name in holder]
+        (other,) = [p for p in ops if p is not leader]
+        api.delete_namespaced_pod(leader.metadata.name, NS, grace_period_seconds=0)     # killed: no release
+        wait_until("the other operator holds the lease", lambda: other.metadata.name in (_lease_holder(api) or ""), 120)
+        # Only a leader acts: the new one must bring a lost coordinator Pod back, and keep the
+        # job's one CaptureCoordinator (a duplicate would be a second object, a new uid).
+        sel = "app.kubernetes.io/component=coordinator"
+        (old,) = wait_until("the coordinator pod", lambda: api.list_namespaced_pod(ns, label_selector=sel).items, 300)
+        api.delete_namespaced_pod(old.metadata.name, ns, grace_period_seconds=0)
+        (new,) = wait_until("the coordinator pod recreated by the new leader", lambda: [
+            p for p in api.list_namespaced_pod(ns, label_selector=sel).items if p.metadata.uid != old.metadata.uid], 300)
+        assert [c["metadata"]["uid"] for c in coordinators()] == [cc["metadata"]["uid"]]
+        assert len(api.list_namespaced_pod(ns, label_selector=sel).items) == 1
+        log = api.read_namespaced_pod_log(other.metadata.name, NS)
+        assert not [line for line in log.splitlines() if "coordinator.created" in line and ns in line]
+    finally:
+        api.delete_namespace(ns)
+    wait_until("operators back", lambda: _operator_ready(api, 2), 300)
