@@ -13,7 +13,11 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["metric_names", "catalogue_metrics", "CATALOGUE_PATH", "FUNCTIONS", "KEYWORDS"]
+__all__ = ["metric_names", "catalogue_metrics", "capture_plane_metrics", "SCRAPE_METRICS", "CATALOGUE_PATH", "FUNCTIONS",
+           "KEYWORDS"]
+
+#: series Prometheus itself writes for every scrape target
+SCRAPE_METRICS = frozenset({"up"})
 
 CATALOGUE_PATH = Path(__file__).resolve().parent.parent / "exporter" / "metrics.yaml"
 
@@ -77,3 +81,20 @@ def catalogue_metrics(path: Path = CATALOGUE_PATH) -> set[str]:
     """Every metric name in the exporter's catalogue (exporter/metrics.yaml)."""
     doc = yaml.safe_load(path.read_text())
     return {m["name"] for m in doc["metrics"]}
+
+
+def capture_plane_metrics() -> set[str]:
+    """Every sample name the agent and the coordinator serve (docs/metrics.md), read from their
+    metric modules, so a rule cannot name a capture-plane metric that does not exist."""
+    from capture.agent.metrics import AgentMetrics
+    from capture.coordinator.metrics import CoordinatorMetrics
+    names: set[str] = set()
+    for metrics in (AgentMetrics(), CoordinatorMetrics()):
+        for family in metrics.registry.collect():  # families without children have no samples yet
+            if family.type == "counter":
+                names.add(family.name + "_total")
+            elif family.type == "histogram":
+                names |= {family.name + suffix for suffix in ("_bucket", "_count", "_sum")}
+            else:
+                names.add(family.name)
+    return names

@@ -698,3 +698,65 @@ NON_EVENTS_WORKLOADS: tuple[Scenario, ...] = (
              expect=_quiet_after_change),
 )
 ALL: tuple[Scenario, ...] = INCIDENTS + NON_EVENTS + EXPORTER + RECORDING + WORKLOADS + NON_EVENTS_WORKLOADS
+
+
+# --- the capture plane: agents and coordinators (docs/metrics.md) -------------------------------
+_AGENT = {"job": "gpulens-system/gpulens-agent", "instance": "10.0.0.11:9451", "namespace": "gpulens-system",
+          "pod": "gpulens-node-7xk2p"}
+_COORD = {"job": "gpulens-system/gpulens-coordinator", "instance": "10.244.0.31:9452", "namespace": "ml",
+          "pod": "gpulens-train-coordinator-5d9c"}
+
+
+def _plane(name: str, base: dict[str, str], labels: dict[str, str], values: list[Value]) -> RawSeries:
+    merged = {**base, **labels}
+    return RawSeries(name + "{" + ", ".join(f'{k}="{v}"' for k, v in merged.items()) + "}", tuple(values))
+
+
+def _targets(outcome: str, reason: str, per_minute: list[float]) -> RawSeries:
+    """gpulens_coordinator_targets_total from the targets finished in each minute."""
+    total, values = 0.0, []
+    for n in per_minute:
+        total += n
+        values.append(total)
+    return _plane("gpulens_coordinator_targets_total", _COORD, {"outcome": outcome, "reason": reason}, values)
+
+
+def _every(n: int, minutes: int, start: int = 0, stop: int | None = None, count: float = 2.0) -> list[float]:
+    """`count` targets every `n` minutes (a two-rank capture), in [start, stop)."""
+    stop = minutes if stop is None else stop
+    return [count if start <= m < stop and (m - start) % n == 0 else 0.0 for m in range(minutes + 1)]
+
+
+def _plane_fires(alertname: str, base: dict[str, str]) -> tuple[str, dict[str, str]]:
+    labels = dict(base) if alertname == "GPULensAgentDown" else {"namespace": base["namespace"], "pod": base["pod"]}
+    return alertname, {**labels, "diagnosis": "capture_degraded"}
+
+
+CAPTURE: tuple[Scenario, ...] = (
+    Scenario("agent_down",
+             "An agent is scraped for 10 minutes, then its scrape fails; the exporter's scrape never "
+             "worked on this node (its own alerts cover it), and must not read as an agent.", 30,
+             raw=(_plane("up", _AGENT, {}, [1.0] * 10 + [0.0] * 21),
+                  _plane("up", {**_AGENT, "job": "gpulens-system/gpulens-exporter", "instance": "10.0.0.11:9450"},
+                         {}, [0.0] * 31)),
+             expect=(Expect(9), Expect(15), Expect(25, (_plane_fires("GPULensAgentDown", _AGENT),)))),
+    Scenario("captures_failing",
+             "A coordinator archives a two-rank capture every 5 minutes for 30 minutes; from then on "
+             "every capture's ranks end trace_timeout (dynolog refused them). Failed targets outweigh "
+             "the archived ones in the last hour after minute 60.", 90,
+             raw=(_targets("archived", "", _every(5, 90, stop=30)),
+                  _targets("failed", "trace_timeout", _every(5, 90, start=30)),
+                  _targets("failed", "dynolog_lost", [0.0] * 91)),
+             expect=(Expect(50), Expect(58),
+                     Expect(80, (_plane_fires("GPULensCapturesFailing", _COORD),)))),
+    Scenario("captures_mostly_archived",
+             "Captures archive every 5 minutes; one rank of one capture fails (1 of 24 targets in the hour) "
+             "and a second coordinator's only two-rank capture failed (too few targets to judge).", 60,
+             raw=(_targets("archived", "", _every(5, 60)),
+                  _targets("failed", "agent_unreachable", _every(60, 60, start=20, count=1.0)),
+                  _plane("gpulens_coordinator_targets_total", {**_COORD, "pod": "gpulens-eval-coordinator-1"},
+                         {"outcome": "failed", "reason": "not_registered"}, [0.0] * 10 + [2.0] * 51),
+                  _plane("gpulens_coordinator_targets_total", {**_COORD, "pod": "gpulens-eval-coordinator-1"},
+                         {"outcome": "archived", "reason": ""}, [0.0] * 61)),
+             expect=(Expect(30), Expect(45), Expect(59))),
+)

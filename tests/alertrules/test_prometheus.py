@@ -68,7 +68,8 @@ def test_rules_load_evaluate_and_record(stack):
     prom.wait_for("target up", lambda: prom.get_json(f"{base}/api/v1/targets")["data"]["activeTargets"][0]["health"] == "up", 30)
     prom.wait_for("rules evaluated", lambda: prom.rules_evaluated_ok(base)[0], 30)
     groups = prom.get_json(f"{base}/api/v1/rules")["data"]["groups"]
-    assert {g["name"] for g in groups} == {"gpulens.workload.recording", "gpulens.workload.alerts", "gpulens.exporter.alerts"}
+    assert {g["name"] for g in groups} == {"gpulens.workload.recording", "gpulens.workload.alerts", "gpulens.exporter.alerts",
+                                                "gpulens.capture.alerts"}
     prom.wait_for("per-pod demand recorded", lambda: _query(base, "namespace_pod:gpulens_launches:rate5m"), 30)
     series = _query(base, "namespace_pod:gpulens_launches:rate5m")
     assert [s["metric"] for s in series] == [{"__name__": "namespace_pod:gpulens_launches:rate5m",

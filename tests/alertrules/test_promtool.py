@@ -114,7 +114,13 @@ ALERTS = "gpulens-alerts.rules.yml"
 K = "namespace, pod, gpulens_job, gpulens_workload, node"
 
 # (id, rule file, text to replace (every occurrence), replacement, test file, scenario that must fail)
+CAPTURE = "gpulens-capture.rules.yml"
+
 MUTATIONS = [
+    ("captures-failing-without-a-minimum", CAPTURE, ">= 4", ">= 0", "capture.test.yml", "captures_mostly_archived"),
+    ("agent-down-on-any-scrape", CAPTURE, 'up{job=~".*gpulens.*agent.*"} == 0', "up == 0", "capture.test.yml",
+     "agent_down"),
+    ("captures-failing-on-any-failure", CAPTURE, ") > 0.5", ") > 0", "capture.test.yml", "captures_mostly_archived"),
     ("liveness-is-just-exported-counters", RECORDING,
      "          (\n"
      f"              group by ({K}) (gpulens_process_gpu_memory_bytes)\n"

@@ -14,7 +14,7 @@ from .conftest import REPO
 RULES = ruleset.load()
 WORKLOAD_DIAGNOSES = {"host_sync", "noisy_neighbor", "input_starvation", "device_slowdown",
                       "stalled", "unclassified"}
-DIAGNOSES = WORKLOAD_DIAGNOSES | {"exporter_degraded"}
+DIAGNOSES = WORKLOAD_DIAGNOSES | {"exporter_degraded", "capture_degraded"}
 RECORD_NAME = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")
 
 
@@ -47,7 +47,8 @@ def test_workload_alerts_cover_the_diagnoses_and_name_the_pod():
 
 def test_only_exporter_health_and_stalls_skip_auto_capture():
     no_capture = {a["alert"] for a in RULES.alerts if a["labels"]["gpulens_capture"] != "auto"}
-    assert no_capture == {"GPUWorkloadStalled", "GPULensExporterSourceLost", "GPULensExporterMapNearlyFull"}
+    assert no_capture == {"GPUWorkloadStalled", "GPULensExporterSourceLost", "GPULensExporterMapNearlyFull",
+                          "GPULensAgentDown", "GPULensCapturesFailing"}
 
 
 def test_render_template_refuses_go_template_logic():
@@ -63,7 +64,7 @@ def test_record_names_follow_level_metric_operations():
 
 
 def test_rules_reference_only_catalogue_metrics_and_own_records():
-    allowed = promql.catalogue_metrics() | set(RULES.record_names)
+    allowed = promql.catalogue_metrics() | set(RULES.record_names) | promql.capture_plane_metrics() | promql.SCRAPE_METRICS
     for name, expr in RULES.expressions():
         used = promql.metric_names(expr)
         assert used, f"{name} reads no metric"
@@ -87,3 +88,12 @@ def test_a_rule_file_without_groups_is_refused(tmp_path):
         ruleset.load(tmp_path)
     with pytest.raises(FileNotFoundError):
         ruleset.load(tmp_path / "missing")
+
+
+def test_capture_plane_metrics_are_in_their_catalogue():
+    """docs/metrics.md names every family the agent and coordinator serve, and no other."""
+    text = (REPO / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"`(gpulens_(?:agent|coordinator)_[a-z_]+)`", text))
+    served = {re.sub(r"_(bucket|count|sum)$", "", n) for n in promql.capture_plane_metrics()}
+    assert documented == served
+    assert "gpulens_coordinator_targets_total" in promql.capture_plane_metrics()

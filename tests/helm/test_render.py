@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helm_python import chart as helm_chart
 
-from .chart import CHART_DIR, by_kind, loaded, render, validate
+from .chart import CHART_DIR, by_kind, loaded, one, render, validate
 from .value_sets import VALUE_SETS
 
 
@@ -101,3 +101,42 @@ def test_the_validators_catch_broken_objects(breakage):
                         "archive": {"root": "s3://b/p"}}}
     with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
         validate(obj)
+
+
+def test_pod_monitors_scrape_the_agent_and_every_coordinator_off_by_default():
+    """The agent PodMonitor selects the node pods and their agent port; the coordinator one selects
+    the Pods the operator really creates (capture.operator.manifests), in any namespace, on their
+    port; both only with monitoring.podMonitor.enabled. The agent's job label (<ns>/<name>) is what
+    GPULensAgentDown selects."""
+    import re
+
+    from alertrules import ruleset
+    from capture.operator.manifests import coordinator_pod
+    from tests.operator.conftest import operator_config
+    from tests.operator.test_contracts import _sample_cc
+
+    assert not [o for o in by_kind(render(), "PodMonitor")]
+    objs = render(VALUE_SETS["everything"])
+    monitors = {o["metadata"]["name"]: o for o in by_kind(objs, "PodMonitor")}
+    agent_pm, coord_pm = monitors["gl-gpulens-agent"], monitors["gl-gpulens-coordinator"]
+    assert agent_pm["metadata"]["labels"]["release"] == "kps" and coord_pm["metadata"]["labels"]["release"] == "kps"
+
+    node = one(objs, "DaemonSet", "-node")
+    template = node["spec"]["template"]
+    assert agent_pm["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    agent = next(c for c in template["spec"]["containers"] if c["name"] == "agent")
+    [endpoint] = agent_pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["port"] in {p["name"] for p in agent["ports"]}
+    job = f"{agent_pm['metadata']['namespace']}/{agent_pm['metadata']['name']}"
+    selector = re.search(r'job=~"([^"]+)"', ruleset.load().alert("GPULensAgentDown")["expr"]).group(1)
+    assert re.fullmatch(selector, job)
+    exporter_job = f"{agent_pm['metadata']['namespace']}/gl-gpulens-exporter"
+    assert not re.fullmatch(selector, exporter_job), "the exporter's scrape is not an agent's"
+
+    config = operator_config()
+    pod = coordinator_pod(_sample_cc(config), config)
+    assert coord_pm["spec"]["namespaceSelector"] == {"any": True}
+    assert coord_pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [endpoint] = coord_pm["spec"]["podMetricsEndpoints"]
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert endpoint["path"] == "/metrics" and endpoint["port"] in ports
