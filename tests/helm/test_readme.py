@@ -40,8 +40,10 @@ def test_chart_readme_install_renders_valid_objects():
     svc = one(objs, "Service", "-gateway")
     assert svc["metadata"]["name"] == "gpulens-gateway" and svc["spec"]["ports"][0]["port"] == 9453
     assert f"http://{svc['metadata']['name']}.{opts['namespace']}.svc:9453" in (CHART_DIR / "README.md").read_text()
-    for kind in ("PodMonitor", "PrometheusRule"):
-        assert one(objs, kind, "")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert one(objs, "PrometheusRule", "")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    monitors = by_kind(objs, "PodMonitor")  # exporter, agent, coordinator: each found by this Prometheus
+    assert {m["metadata"]["name"] for m in monitors} == {"gpulens-exporter", "gpulens-agent", "gpulens-coordinator"}
+    assert all(m["metadata"]["labels"]["release"] == "kube-prometheus-stack" for m in monitors)
     assert [o for o in by_kind(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]]
     wh = one(objs, "MutatingWebhookConfiguration", "")["webhooks"][0]
     assert wh["namespaceSelector"]["matchLabels"] == {"gpulens.dev/arming": "enabled"}
