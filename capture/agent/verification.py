@@ -16,8 +16,8 @@ requests the `ProfilerStep#N` numbers the trace covers and its `Optimizer.step#.
 counts optimizer steps: a trace with none is the short time trace Kineto falls back to when the
 process never steps). Iteration traces are not held to the duration: N steps take what they take.
 
-Speed (issue 17: at least `json.load`'s, in constant memory): the reader yields a decoded chunk of
-events at a time, `_Tally` checks each chunk with C-level passes, and sha256 runs on a helper
+Speed (issue 17: at least `json.load`'s, in constant memory): the reader yields a decoded batch of
+~16 KiB of events at a time, `_Tally` checks each chunk with C-level passes, and sha256 runs on a helper
 thread one chunk behind; bench/agent_verify.py measures it against `json.load` side by side.
 """
 
