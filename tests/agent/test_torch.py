@@ -234,7 +234,9 @@ async def test_a_capture_while_another_traces_gets_its_own_file_and_an_explicit_
         max(e["ts"] for e in ta["traceEvents"] if e.get("ph") == "X")  # B ran after A, not instead of it
     assert ("rank-0", "waiting_for_slot") in seen
     assert (c.state.value == "archived" and c.artifact.sha256 not in (a.artifact.sha256, b.artifact.sha256)) \
-        or (c.state.value == "failed" and c.reason.value in ("busy_timeout", "trace_timeout")), c
+        or (c.state.value == "failed" and c.reason.value in ("busy_timeout", "trace_timeout", "kineto_refused")), c
+    # kineto_refused: on a starved machine Kineto may take C's config too late for its warm-up and
+    # drop it ("start timestamp is in the past"); the agent reads that off its polls (kineto_watch)
 
 
 async def test_agent_killed_mid_capture_resumes_from_its_state(site):
