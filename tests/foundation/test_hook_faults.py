@@ -120,6 +120,14 @@ def test_a_full_registry_then_space_again_registers_a_later_process(tinyfs, fake
 
 # --- signals -----------------------------------------------------------------------------------
 
+def default_dispositions() -> None:
+    """The child starts with SIGINT/SIGTERM at their defaults, as a pod's process does, whatever
+    the suite inherited: a suite started in the background (`cmd &` without job control, nohup)
+    ignores SIGINT, the child would inherit SIG_IGN, and Python keeps an ignored SIGINT ignored."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start(registry: Path, standin: Path, code: str) -> subprocess.Popen:
     """`code` runs, then the child prints `ready` and waits for lines on stdin (`check` answers
     whether its record is there, `exit` ends it normally)."""
@@ -128,7 +136,8 @@ def start(registry: Path, standin: Path, code: str) -> subprocess.Popen:
             " if f.endswith('.json')]), flush=True)\n"
             "    if line.strip() == 'exit': break\n")
     proc = subprocess.Popen([sys.executable, "-c", code + "\n" + loop], env=env_for(registry, standin=standin),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_dispositions)
     proc.before = []  # type: ignore[attr-defined]  # what `code` printed
     while (line := proc.stdout.readline().strip()) != "ready":
         assert line, proc.stderr.read()
