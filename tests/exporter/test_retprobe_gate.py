@@ -67,21 +67,6 @@ class TestSelfTest:
             probes.multi_links = was
 
 
-@pytest.fixture
-def exporter_with_gate():
-    made: list[Exporter] = []
-
-    def make(config, gate) -> Exporter:
-        e = Exporter(config, return_probe_gate=gate)
-        e.start()
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.close()
-
-
 def ebpf(f):
     for mark in requires_ebpf:
         f = mark(f)
@@ -90,8 +75,8 @@ def ebpf(f):
 
 @ebpf
 def test_real_gate_decision_is_reported_and_back_pressure_is_measured(libcuda, workloads, tmp_path,
-                                                                      exporter_with_gate):
-    exp = exporter_with_gate(make_config(tmp_path, libcuda), self_test)
+                                                                      exporter_for):
+    exp = exporter_for(make_config(tmp_path, libcuda), return_probe_gate=self_test)
     assert exp.gate is not None and exp.gate.safe, exp.gate
     w = workloads(libcuda, "--steps", "20", "--kernels", "5", "--sync-every", "1")
     wait_for(lambda: (exp.tick(), exp.probes.libraries)[1], what="library attached")
@@ -106,11 +91,11 @@ def test_real_gate_decision_is_reported_and_back_pressure_is_measured(libcuda, w
 
 @ebpf
 def test_forced_unsafe_attaches_entry_probes_only_and_back_pressure_is_absent(libcuda, workloads, tmp_path,
-                                                                              exporter_with_gate):
+                                                                              exporter_for):
     why = "a return probe killed a process under a seccomp filter (forced by the test)"
     reg = tmp_path / "registry"
-    exp = exporter_with_gate(make_config(tmp_path, libcuda, registry_dir=reg),
-                             lambda probes: GateVerdict(False, why, "test-kernel"))
+    exp = exporter_for(make_config(tmp_path, libcuda, registry_dir=reg),
+                       return_probe_gate=lambda probes: GateVerdict(False, why, "test-kernel"))
     assert exp.probes.return_probes is False
     w = workloads(libcuda, "--steps", "30", "--kernels", "10", "--sync-every", "1", "--d2h-sync-bytes", "100",
                   "--d2h-api", "mix", "--sync-api", "mix")
