@@ -250,6 +250,8 @@ class Runner:
         series itself rather than for a fixed time."""
         if "prometheus" not in self.sup.children:
             return
+        self.say(f"gpulens up: waiting for workload {'/'.join(self.DEMO_WORKLOAD)}'s baseline before the incident "
+                 f"(the rules need its healthy history first)")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
             while (value := await self._workload_baseline(session)) is None:
                 await asyncio.sleep(2)
