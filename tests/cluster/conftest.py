@@ -99,6 +99,7 @@ def s3(cluster):
     """A moto S3 server (a real S3 wire protocol server) on the node's bridge address, where the
     agent and coordinator pods reach it: the archive of the loop tests."""
     from tests.conftest import free_port
+    from tests.s3server import stop_process
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", NODE_IP, "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -108,12 +109,7 @@ def s3(cluster):
         store.client().create_bucket(Bucket=S3_BUCKET)
         yield store
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @pytest.fixture(scope="session")

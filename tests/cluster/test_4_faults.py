@@ -26,19 +26,12 @@ def test_pods_are_created_unarmed_while_the_webhook_is_down(release, api, toolbo
     (dep,) = [d for d in apps.list_namespaced_deployment(NS).items
               if (d.metadata.labels or {}).get("app.kubernetes.io/component") == "operator"]
     replicas = dep.spec.replicas
-    ns = f"ml-{uuid.uuid4().hex[:6]}"
-    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=ns, labels={"gpulens.dev/arming": "enabled"})))
+    ns = _armed_namespace(api)
     apps.patch_namespaced_deployment_scale(dep.metadata.name, NS, {"spec": {"replicas": 0}})
     try:
         wait_until("no operator pods", lambda: not api.list_namespaced_pod(
             NS, label_selector="app.kubernetes.io/component=operator").items, 120)
-        client.BatchV1Api(api.api_client).create_namespaced_job(ns, {
-            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer"},
-            "spec": {"backoffLimit": 0, "template": {"spec": {
-                "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "main", "image": toolbox, "imagePullPolicy": "Never",
-                                "command": ["/bin/busybox", "sleep", "600"]}]}}}})
+        _sleeping_job(api, ns, toolbox)
         (pod,) = wait_until("the Job's pod created", lambda: api.list_namespaced_pod(
             ns, label_selector="job-name=trainer").items, 120)
         assert "gpulens.dev/armed" not in (pod.metadata.labels or {}), pod.metadata.labels
@@ -51,6 +44,26 @@ def test_pods_are_created_unarmed_while_the_webhook_is_down(release, api, toolbo
     wait_until("operators back", lambda: _operator_ready(api, replicas), 300)
 
 
+def _armed_namespace(api) -> str:
+    """A fresh namespace opted in to arming."""
+    from kubernetes import client
+    ns = f"ml-{uuid.uuid4().hex[:6]}"
+    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=ns, labels={"gpulens.dev/arming": "enabled"})))
+    return ns
+
+
+def _sleeping_job(api, ns: str, toolbox: str) -> None:
+    """Job `trainer` in `ns`: one busybox pod that sleeps (a pod the webhook may arm, nothing more)."""
+    from kubernetes import client
+    client.BatchV1Api(api.api_client).create_namespaced_job(ns, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": toolbox, "imagePullPolicy": "Never",
+                            "command": ["/bin/busybox", "sleep", "600"]}]}}}})
+
+
 def _lease_holder(api) -> str | None:
     from kubernetes import client
     leases = client.CoordinationV1Api(api.api_client).list_namespaced_lease(NS).items
@@ -60,20 +73,13 @@ def _lease_holder(api) -> str | None:
 def test_the_other_operator_takes_over_when_the_leader_is_killed(release, api, toolbox):
     """The new leader acts (it brings the job's lost coordinator Pod back) and duplicates nothing."""
     from kubernetes import client
-    ns = f"ml-{uuid.uuid4().hex[:6]}"
-    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=ns, labels={"gpulens.dev/arming": "enabled"})))
+    ns = _armed_namespace(api)
     custom = client.CustomObjectsApi(api.api_client)
 
     def coordinators():
         return custom.list_namespaced_custom_object("gpulens.dev", "v1alpha1", ns, "capturecoordinators")["items"]
     try:
-        client.BatchV1Api(api.api_client).create_namespaced_job(ns, {
-            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer"},
-            "spec": {"backoffLimit": 0, "template": {"spec": {
-                "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "main", "image": toolbox, "imagePullPolicy": "Never",
-                                "command": ["/bin/busybox", "sleep", "600"]}]}}}})
+        _sleeping_job(api, ns, toolbox)
         (cc,) = wait_until("the job's CaptureCoordinator", coordinators, 120)
         ops = wait_until("two operators Ready", lambda: _operator_ready(api, 2), 300)
         holder = wait_until("a lease holder", lambda: _lease_holder(api), 120)
