@@ -30,12 +30,23 @@ class Cluster:
     up_s: float
 
 
+#: Development only: `GPULENS_CLUSTER_REUSE=1` keeps the cluster (and the release) between pytest
+#: sessions: a Ready cluster is used as it is and left running. Never under CI, and never with
+#: test_1_node/test_9_teardown, which check `down` against the machine as it was before `up`.
+REUSE = os.environ.get("GPULENS_CLUSTER_REUSE") == "1" and os.environ.get("CI") != "true"
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
     if os.geteuid() != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("the cluster tests need root (CI runs as root)")
         pytest.skip("the cluster tests need root")
+    if REUSE:
+        before = machine_state()
+        up_s = 0.0 if cluster_sh("status").returncode == 0 else up()
+        yield Cluster(str(KUBECONFIG), before, up_s)
+        return
     down()                      # leftovers of an interrupted run would poison the baseline
     before = machine_state()
     try:
@@ -121,10 +132,23 @@ def release(cluster, api, gpulens_image, s3):
     import base64
     from helm_python import Config
     from kubernetes import client
-    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
-    api.create_namespaced_secret(NS, client.V1Secret(metadata=client.V1ObjectMeta(name="gpulens-s3"), data={
-        k: base64.b64encode(v.encode()).decode() for k, v in S3_CREDS.items()}))
+    from kubernetes.client.rest import ApiException
+    try:
+        api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+    except ApiException as e:       # 409 only when reusing a kept cluster
+        if not (REUSE and e.status == 409):
+            raise
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="gpulens-s3"), data={
+        k: base64.b64encode(v.encode()).decode() for k, v in S3_CREDS.items()})
+    if REUSE:
+        try:
+            api.delete_namespaced_secret("gpulens-s3", NS)
+        except ApiException:
+            pass
+    api.create_namespaced_secret(NS, secret)
     cfg = Config(kubeconfig_path=cluster.kubeconfig, namespace=NS)
     values = install_values(gpulens_image, root=f"s3://{s3.bucket}/captures", s3Endpoint=s3.endpoint,
                             existingSecret="gpulens-s3")
+    if REUSE and any(r.get("name") == RELEASE for r in cfg.list(name_filter=f"^{RELEASE}$") or []):
+        return cfg.upgrade(str(CHART), RELEASE, values, namespace=NS, wait="watcher", timeout=600)
     return cfg.install(str(CHART), RELEASE, values, namespace=NS, wait="watcher", timeout=600)
