@@ -13,8 +13,8 @@ import pytest
 import subprocess
 import sys
 
-from .harness import (BB, CHART, KUBECONFIG, NS, RELEASE, REPO, TOOLBOX, MachineState, cluster_sh, down,
-                      install_values, machine_state, up, wait_until)
+from .harness import (BB, KUBECONFIG, REPO, TOOLBOX, MachineState, cluster_sh, down, machine_state, readme_install,
+                      up, wait_until)
 
 #: The node's address on the pod bridge: pods reach the host there (the apiserver, DNS, and the
 #: tests' S3 server).
@@ -125,30 +125,10 @@ def s3(cluster):
 
 @pytest.fixture(scope="session")
 def release(cluster, api, gpulens_image, s3):
-    """The chart installed once per session with the README's values, archiving to the S3 server.
+    """The chart installed once per session by the README's own lines (values file, kubectl and
+    helm commands: tests/cluster/readme_install.py), archiving to the S3 server.
 
     Not uninstalled: the cluster's `down` (test_9, then the session's end) takes every object with
     it, and test_9 checks `down` with the release running."""
-    import base64
-    from helm_python import Config
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-    try:
-        api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
-    except ApiException as e:       # 409 only when reusing a kept cluster
-        if not (REUSE and e.status == 409):
-            raise
-    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="gpulens-s3"), data={
-        k: base64.b64encode(v.encode()).decode() for k, v in S3_CREDS.items()})
-    if REUSE:
-        try:
-            api.delete_namespaced_secret("gpulens-s3", NS)
-        except ApiException:
-            pass
-    api.create_namespaced_secret(NS, secret)
-    cfg = Config(kubeconfig_path=cluster.kubeconfig, namespace=NS)
-    values = install_values(gpulens_image, root=f"s3://{s3.bucket}/captures", s3Endpoint=s3.endpoint,
-                            existingSecret="gpulens-s3")
-    if REUSE and any(r.get("name") == RELEASE for r in cfg.list(name_filter=f"^{RELEASE}$") or []):
-        return cfg.upgrade(str(CHART), RELEASE, values, namespace=NS, wait="watcher", timeout=600)
-    return cfg.install(str(CHART), RELEASE, values, namespace=NS, wait="watcher", timeout=600)
+    install = readme_install(gpulens_image, s3.endpoint)
+    return install.run(api, cluster.kubeconfig, REPO, exists_ok=lambda status: REUSE and status == 409)

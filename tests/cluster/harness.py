@@ -21,13 +21,10 @@ BRIDGE = "gl-cni0"
 NODE = "gpulens-node"
 TOOLBOX = "localhost/gpulens-toolbox:1"      # conftest builds it from Debian's busybox-static
 BB = "/bin/busybox"
-#: The chart's release and namespace on the test cluster (README "A real cluster on one machine").
+#: The chart's release and namespace on the test cluster: the README's install lines say the same
+#: (test_units checks it).
 RELEASE, NS = "gl", "gpulens-system"
 CHART = REPO / "helm" / "gpulens"
-#: The host folders the chart shares with trainer pods, inside the cluster's own state (so `down`
-#: removes them with it, instead of leaving /var/lib/gpulens behind on the machine).
-NODE_PATHS = {"registry": f"{STATE}/node/registry", "traces": f"{STATE}/node/traces",
-              "sockets": f"{RUN}/node", "state": f"{STATE}/node/agent"}
 #: The sysctls the cluster changes (kubelet, kube-proxy, bridge netfilter); the same list as cluster.sh.
 SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables",
            "net.ipv4.conf.all.route_localnet", "vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops",
@@ -43,15 +40,16 @@ def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def install_values(image: str, **archive: str) -> dict:
-    """The values the README's deployment section uses on the test cluster."""
+def readme_install(image: str, s3_endpoint: str):
+    """The README's test-cluster install (values and commands) for this image and S3 server."""
+    from .readme_install import Install, ReadmeError
     repo, _, tag = image.rpartition(":")
-    return {
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-        # Helm merges maps: null clears the GPU selector. Node IP only: nothing binds the host's eth0.
-        "node": {"nodeSelector": {"nvidia.com/gpu.present": None}, "listenOnNodeIP": True, "paths": NODE_PATHS},
-        "archive": archive,
-    }
+    install = Install.from_readme(REPO / "README.md", {"VERSION": tag, "S3_PORT": s3_endpoint.rsplit(":", 1)[1]})
+    if install.values["image"]["repository"] != repo:
+        raise ReadmeError(f"the README installs {install.values['image']['repository']}, the image is {repo}")
+    if install.values["archive"]["s3Endpoint"] != s3_endpoint:
+        raise ReadmeError(f"the README's s3Endpoint {install.values['archive']['s3Endpoint']} is not {s3_endpoint}")
+    return install
 
 
 def forbidden_in_logs(api, namespace: str) -> dict[str, list[str]]:
