@@ -3,7 +3,8 @@
 # must not start on their own (policy-rc.d): the harness runs its own etcd, containerd and dnsmasq.
 set -euo pipefail
 PKGS=(golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make gcc libc6-dev etcd-server containerd
-      runc containernetworking-plugins iptables conntrack dnsmasq-base busybox-static curl openssl iproute2 python3)
+      runc containernetworking-plugins iptables conntrack dnsmasq-base busybox-static curl openssl iproute2 python3
+      rsync)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
