@@ -17,6 +17,23 @@ from gpulens.logs import get_logger
 log = get_logger("coordinator")
 
 
+def _resources(text: str) -> dict:
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or not set(value) <= {"requests", "limits"} or \
+            not all(isinstance(v, dict) for v in value.values()):
+        raise argparse.ArgumentTypeError('expected {"requests": {...}, "limits": {...}}')
+    return value
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return key.strip(), value.strip()
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +59,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--grafana-org-id", type=int, help="X-Grafana-Org-Id for a non-default organisation")
     a("--annotations-file", type=Path, help="without Grafana: annotations JSON file (an HTML page is written beside it)")
     a("--report-base-url", help="browser URL of the archive root, for links in annotations")
-    a("--analysis", choices=["local", "none"], default="none", help="run `gpulens analyze` after convergence")
+    a("--analysis", choices=["local", "job", "none"], default="none",
+      help="run `gpulens analyze` after convergence: as a child process (local) or a Kubernetes Job (job)")
+    a("--analysis-image", help="--analysis job: the image of the Job (gpulens's own)")
+    a("--analysis-image-pull-policy", default="IfNotPresent", choices=["Always", "IfNotPresent", "Never"])
+    a("--analysis-image-pull-secret", action="append", default=[], metavar="NAME", help="repeatable")
+    a("--analysis-service-account", metavar="NAME",
+      help="--analysis job: the Job pod's ServiceAccount (the coordinator's, for the same archive identity)")
+    a("--analysis-env-from-secret", metavar="NAME", help="--analysis job: Secret whose keys become the Job's env "
+                                                         "(archive credentials)")
+    a("--analysis-resources", type=_resources, default={}, metavar="JSON",
+      help='--analysis job: the container\'s resources, e.g. \'{"limits": {"memory": "8Gi"}}\'')
+    a("--analysis-label", action="append", default=[], type=_label, metavar="KEY=VALUE",
+      help="--analysis job: a label on the Job and its pod (repeatable; the operator passes the job's)")
+    a("--analysis-timeout-s", type=float, default=1800.0, help="bound on one analysis (activeDeadlineSeconds)")
+    a("--analysis-ttl-s", type=int, default=3600, help="--analysis job: ttlSecondsAfterFinished")
+    a("--coordinator-name", help="the CaptureCoordinator this coordinator serves (owner of its analysis Jobs)")
+    a("--coordinator-uid", help="its metadata.uid (with --coordinator-name)")
     a("--state-dir", type=Path, help="keep a copy of each finished capture's status here")
     a("--start-delay-s", type=float, default=12.0, help="dynolog start delay allowance (poll 5 s + warm-up 7 s)")
     a("--archive-margin-s", type=float, default=20.0, help="verify + archive allowance on the node")
@@ -74,7 +107,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     from capture.annotations import FileSink, GrafanaSink
 
     from .agents import AgentClient
-    from .analysis_runner import AnalysisRunner
     from .auth import Credentials, SecretFile
     from .deadlines import DeadlinePolicy
     from .discovery import AgentUrls, LocalDiscovery
@@ -111,7 +143,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
                                      report_s=args.report_margin_s),
             fanout=FanoutSettings(poll_interval_s=args.poll_interval_s))
         coordinator = Coordinator(settings, discovery, client, annotations=sink,
-                                  analysis=AnalysisRunner(s3_endpoint=args.s3_endpoint) if args.analysis == "local" else None)
+                                  analysis=analysis_for(args))
         coordinator.schedule_baseline()
         runner = web.AppRunner(make_app(coordinator, credentials), access_log=None)
         await runner.setup()
@@ -132,6 +164,26 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     return 0
 
 
+def analysis_for(args: argparse.Namespace, api_client=None):
+    """The analysis runner `--analysis` asks for: a child process, a Kubernetes Job, or none."""
+    if args.analysis == "local":
+        from .analysis_runner import AnalysisRunner
+        return AnalysisRunner(s3_endpoint=args.s3_endpoint, timeout_s=args.analysis_timeout_s)
+    if args.analysis == "job":
+        from .analysis_job import AnalysisJobRunner, AnalysisJobSpec, OwnerRef
+        owner = OwnerRef(args.coordinator_name, args.coordinator_uid) if args.coordinator_uid else None
+        spec = AnalysisJobSpec(namespace=args.namespace, image=args.analysis_image, job_id=args.job,
+                               attempt=args.attempt, s3_endpoint=args.s3_endpoint,
+                               image_pull_policy=args.analysis_image_pull_policy,
+                               image_pull_secrets=tuple(args.analysis_image_pull_secret),
+                               service_account=args.analysis_service_account,
+                               env_from_secret=args.analysis_env_from_secret, resources=args.analysis_resources,
+                               labels=dict(args.analysis_label), owner=owner, timeout_s=args.analysis_timeout_s,
+                               ttl_s=args.analysis_ttl_s)
+        return AnalysisJobRunner(api_client if api_client is not None else _api_client(args.kubeconfig), spec)
+    return None
+
+
 def _check(args: argparse.Namespace) -> str | None:
     if args.discovery == "local" and not args.registry_dir:
         return "--discovery local needs --registry-dir"
@@ -139,6 +191,12 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--discovery kubernetes needs --selector"
     if args.grafana_url and args.annotations_file:
         return "give --grafana-url or --annotations-file, not both"
+    if args.analysis == "job" and not args.analysis_image:
+        return "--analysis job needs --analysis-image"
+    if bool(args.coordinator_name) != bool(args.coordinator_uid):
+        return "give --coordinator-name and --coordinator-uid together"
+    if args.analysis_timeout_s <= 0 or args.analysis_ttl_s < 0:
+        return "--analysis-timeout-s must be > 0 and --analysis-ttl-s >= 0"
     if not args.archive_root.startswith(("file://", "s3://")):
         return "--archive-root must be file:///path or s3://bucket/prefix"
     return None

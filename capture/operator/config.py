@@ -42,7 +42,10 @@ class CoordinatorConfig:
     s3_endpoint: str = ""
     archive_secret: str = ""
     grafana_url: str = ""
-    analysis: str = "local"
+    analysis: str = "job"                        # job: `gpulens analyze` as a batch/v1 Job; local: a child process
+    analysis_resources: Mapping[str, Any] = field(default_factory=dict)
+    analysis_timeout_s: float = 1800.0
+    analysis_ttl_s: int = 3600
     cluster_role: str = "gpulens-coordinator"
     service_account_annotations: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, Any] = field(default_factory=dict)

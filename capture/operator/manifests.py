@@ -9,13 +9,14 @@ is handed over on an attempt bump, so the gateway's URL for a job never changes.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable, Mapping
 
 from . import labels as L
 from .config import OperatorConfig
 from .jobs import JobRef
 
-__all__ = ["TOKENS_MOUNT", "coordinator_resource", "coordinator_pod", "coordinator_service",
+__all__ = ["TOKENS_MOUNT", "analysis_job_args", "coordinator_resource", "coordinator_pod", "coordinator_service",
            "coordinator_service_account", "coordinator_role_binding", "copied_secret", "children_of",
            "endpoint_of", "owner_reference_to", "label_value"]
 
@@ -109,6 +110,36 @@ def coordinator_args(cc: Mapping[str, Any], config: OperatorConfig) -> list[str]
         args += ["--s3-endpoint", spec["archive"]["s3Endpoint"]]
     if (spec.get("grafana") or {}).get("url"):
         args += ["--grafana-url", spec["grafana"]["url"], "--grafana-token-file", f"{TOKENS_MOUNT}/grafana"]
+    if c.analysis == "job":
+        args += analysis_job_args(cc, config)
+    return args
+
+
+def analysis_job_args(cc: Mapping[str, Any], config: OperatorConfig) -> list[str]:
+    """What `gpulens coordinator --analysis job` needs to create its analysis Jobs.
+
+    The Job runs the operator's image as the coordinator's ServiceAccount (the same archive
+    identity, e.g. an IAM role annotation) with the same archive Secret, is owned by the
+    CaptureCoordinator (`--coordinator-name/-uid`: deleting it deletes its Jobs) and carries the
+    job's labels but not `gpulens.dev/coordinator`, which the job's Service selects on.
+    """
+    spec, meta, c = cc["spec"], cc["metadata"], config.coordinator
+    names = _names(cc)
+    args = ["--analysis-image", config.image, "--analysis-image-pull-policy", config.image_pull_policy,
+            "--analysis-service-account", names["sa"],
+            "--analysis-timeout-s", f"{c.analysis_timeout_s:g}", "--analysis-ttl-s", str(c.analysis_ttl_s)]
+    for secret in config.image_pull_secrets:
+        args += ["--analysis-image-pull-secret", secret]
+    if spec["archive"].get("secretName"):
+        args += ["--analysis-env-from-secret", names["archive"]]
+    if c.analysis_resources:
+        args += ["--analysis-resources", json.dumps(dict(c.analysis_resources), sort_keys=True, separators=(",", ":"))]
+    labels = _labels(spec["jobId"], spec["attempt"], None)
+    labels.pop(L.COMPONENT)                      # the runner sets `analysis`
+    for key, value in sorted(labels.items()):
+        args += ["--analysis-label", f"{key}={value}"]
+    if meta.get("uid"):
+        args += ["--coordinator-name", meta["name"], "--coordinator-uid", meta["uid"]]
     return args
 
 

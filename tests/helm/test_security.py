@@ -122,8 +122,11 @@ def test_operator_rbac_is_least_privilege():
     secret_rule = next(rule for rule in role if rule["resources"] == ["secrets"])
     assert secret_rule["verbs"] == ["get"]
     assert set(secret_rule["resourceNames"]) == {"gpulens-tokens-sealed", "gpulens-s3"}
+    # exactly: the discovery's pod reads and the analysis Job's create/get/delete (an extra verb,
+    # e.g. jobs list or pods/log, fails here; tests/coordinator/test_analysis_job.py proves these suffice)
     assert _rules(objs, "ClusterRole", "-coordinator") == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "delete"]}]
 
 
 def test_webhook_is_opt_in_per_namespace_and_never_blocks_pods():

@@ -160,3 +160,65 @@ def test_the_gateway_finds_the_service_the_operator_creates(job_id):
     from capture.operator.manifests import endpoint_of
     assert Router(template=template).resolve("ml", job_id).url == endpoint_of(cc, config)
     assert coordinator_service(cc, config)["metadata"]["name"] in endpoint_of(cc, config)
+
+
+def test_the_chart_default_runs_the_analysis_as_a_job_with_its_resources():
+    objs = render({})
+    cfg = OperatorConfig.from_dict(yaml.safe_load(one(objs, "ConfigMap", "-operator")["data"]["operator.yaml"]))
+    assert cfg.coordinator.analysis == "job"
+    assert cfg.coordinator.analysis_resources == {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                                  "limits": {"memory": "8Gi"}}
+    assert (cfg.coordinator.analysis_timeout_s, cfg.coordinator.analysis_ttl_s) == (1800, 3600)
+    local = render({"coordinator": {"analysis": "local"}})
+    assert "analysis: local" in one(local, "ConfigMap", "-operator")["data"]["operator.yaml"]
+
+
+def test_the_analysis_job_the_operator_asks_for_is_valid_owned_and_outside_the_job_service():
+    """What `--analysis job` flags the operator passes become, through the coordinator's own parser,
+    a Job owned by the CaptureCoordinator, as its ServiceAccount, with its archive Secret."""
+    from capture.coordinator.analysis_job import analysis_job
+    from capture.coordinator.command import analysis_for
+    from capture.operator.manifests import children_of
+
+    config = operator_config(coordinator={"archive_root": "s3://b/p", "s3_endpoint": "http://minio:9000",
+                                          "archive_secret": "s3", "cluster_role": "gl-gpulens-coordinator",
+                                          "analysis_resources": {"limits": {"memory": "8Gi"}},
+                                          "analysis_timeout_s": 900},
+                             image_pull_secrets=["regcred"])
+    cc = _sample_cc(config)
+    args = coordinator_args(cc, config)
+    assert args[args.index("--analysis") + 1] == "job"
+    assert _flags(args) <= _contract_flags()["coordinator"]
+    parser = _parser_or_skip("coordinator")
+    runner = analysis_for(parser.parse_args(args[2:]), api_client=object())
+    job = analysis_job(runner.spec, "s3://b/p/ml/llama/2/c-1/manifest.json", "c-1")
+    for version in ("1.27", "1.36"):
+        kubernetes_validate.validate(job, version, strict=True)
+    names = children_of(cc)
+    pod = job["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert job["metadata"]["namespace"] == "ml" and job["spec"]["activeDeadlineSeconds"] == 900
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "cc-uid"
+    assert job["metadata"]["ownerReferences"][0]["name"] == cc["metadata"]["name"]
+    assert pod["spec"]["serviceAccountName"] == names["sa"]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert c["image"] == config.image and c["envFrom"] == [{"secretRef": {"name": names["archive"]}}]
+    assert c["args"][-2:] == ["--s3-endpoint", "http://minio:9000"]
+    assert c["resources"] == {"limits": {"memory": "8Gi"}}
+    labels = pod["metadata"]["labels"]
+    assert labels[L.JOB] == "llama" and labels[L.ATTEMPT] == "2" and labels[L.MANAGED_BY] == L.MANAGER
+    assert labels[L.ARMED] == "false" and labels[L.COMPONENT] == "analysis"
+    # the job's Service selects gpulens.dev/coordinator=<cc>: the analysis pod must never be its endpoint
+    service = coordinator_service(cc, config)
+    assert not set(service["spec"]["selector"].items()) <= set(labels.items())
+    # ... and the arming webhook leaves it alone, as it does the coordinator's own Pod
+    from capture.operator.arming import armed_pod
+    assert armed_pod({"metadata": pod["metadata"], "spec": pod["spec"]}, "ml", config.arming, config.image)[0] is None
+
+
+def test_analysis_local_or_none_passes_no_job_flags():
+    for mode in ("local", "none"):
+        config = operator_config(coordinator={"archive_root": "s3://b/p", "analysis": mode})
+        args = coordinator_args(_sample_cc(config), config)
+        assert args[args.index("--analysis") + 1] == mode
+        assert not [a for a in args if a.startswith(("--analysis-", "--coordinator-"))]
