@@ -255,6 +255,7 @@ class AnalysisJobRunner:
     async def run(self, manifest_uri: str, capture_id: str) -> dict[str, Any]:
         async with self._one_at_a_time:
             name = analysis_job_name(self.spec.job_id, self.spec.attempt, capture_id)
+            log.info("analysis.started", capture_id=capture_id, job=name, manifest_uri=manifest_uri)
             try:
                 result = await self._run(manifest_uri, capture_id, name)
             except _ApiFailed as exc:
