@@ -295,6 +295,11 @@ class AnalysisJobRunner:
                        name: str) -> dict[str, Any]:
         pods = await self._pods(job)
         state = next((s for s in map(_terminated, reversed(pods)) if s), None)
+        if condition.get("reason") == "DeadlineExceeded":
+            # Kubernetes stopped it at activeDeadlineSeconds: its exit code (137) would only say "killed"
+            return {"state": "failed", "job": name,
+                    "reason": f"analysis Job {name} ran longer than its deadline "
+                              f"({job.get('spec', {}).get('activeDeadlineSeconds', '?')} s): DeadlineExceeded"}
         if state is None:
             why = f"{condition.get('reason', '')} {condition.get('message', '')}".strip() or condition["type"]
             return {"state": "failed", "job": name,

@@ -117,6 +117,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     credentials = Credentials(tokens=(SecretFile.required(args.token_file),))
     agent_token = SecretFile.required(args.agent_token_file)
     agents = AgentUrls(url=args.agent_url, template=args.agent_url_template)
+    # one Kubernetes API client for discovery and analysis Jobs (in-cluster ServiceAccount token and CA)
+    api_client = _api_client(args.kubeconfig) if args.discovery == "kubernetes" or \
+        args.analysis == "job" else None
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=16)  # no global cap: one slow agent must not starve the rest
     async with aiohttp.ClientSession(connector=connector) as session:
         client = AgentClient(session, agent_token)
@@ -125,7 +128,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
                                        namespace=args.namespace, agents=agents)
         else:
             from .kube_discovery import KubernetesDiscovery
-            discovery = KubernetesDiscovery(_api_client(args.kubeconfig), namespace=args.namespace,
+            discovery = KubernetesDiscovery(api_client, namespace=args.namespace,
                                             selector=args.selector, job_id=args.job, attempt=args.attempt,
                                             agents=agents, agent_client=client)
         sink = None
@@ -143,7 +146,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
                                      report_s=args.report_margin_s),
             fanout=FanoutSettings(poll_interval_s=args.poll_interval_s))
         coordinator = Coordinator(settings, discovery, client, annotations=sink,
-                                  analysis=analysis_for(args))
+                                  analysis=analysis_for(args, api_client))
         coordinator.schedule_baseline()
         runner = web.AppRunner(make_app(coordinator, credentials), access_log=None)
         await runner.setup()

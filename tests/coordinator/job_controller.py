@@ -10,7 +10,8 @@ label (the API server's defaulting), creates one pod from the template (labels `
   with the container's env), then writes the pod's terminated state (`exitCode`, and for a
   non-zero exit with `FallbackToLogsOnError` the log tail as `message`, as the kubelet does) and
   the Job's `Complete` or `Failed` (BackoffLimitExceeded) condition;
-- ("exit", code, log): the same without a process;
+- ("exit", code, log[, job failure reason]): the same without a process (e.g. 137 and
+  "DeadlineExceeded": the kubelet killed it at the Job's activeDeadlineSeconds);
 - "unschedulable": the pod stays Pending with PodScheduled False/Unschedulable, the Job never ends;
 - "no-pod": nothing is created (a quota or admission refusal), the Job never ends.
 """
@@ -94,7 +95,7 @@ class JobControllerDouble:
             container = template["spec"]["containers"][0]
             code, log = self._run(container)
         else:
-            _, code, log = self.behaviour
+            _, code, log, *_ = self.behaviour
         container = template["spec"]["containers"][0]
         terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "finishedAt": _now()}
         if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
@@ -105,6 +106,9 @@ class JobControllerDouble:
         cond = ({"type": "Complete", "status": "True"} if code == 0 else
                 {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                  "message": "Job has reached the specified backoff limit"})
+        if isinstance(self.behaviour, tuple) and len(self.behaviour) > 3:   # ("exit", 137, log, "DeadlineExceeded")
+            cond = {"type": "Failed", "status": "True", "reason": self.behaviour[3],
+                    "message": "Job was active longer than specified deadline"}
         self.batch.patch_namespaced_job_status(name, self.namespace,
                                                {"status": {"conditions": [{**cond, "lastTransitionTime": _now()}],
                                                            "succeeded" if code == 0 else "failed": 1}},

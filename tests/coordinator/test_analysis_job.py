@@ -220,6 +220,14 @@ async def test_nothing_analysed_is_done_with_the_reason_and_a_crash_is_failed(ap
     assert result["reason"] == "gpulens analyze exit code 137: Killed: out of memory"
 
 
+async def test_a_job_stopped_at_its_deadline_says_so_rather_than_exit_137(apiserver):
+    with JobControllerDouble(apiserver, NS, behaviour=("exit", 137, "", "DeadlineExceeded")):
+        result = await runner(apiserver).run("file:///a/c-14/manifest.json", "c-14")
+    name = analysis_job_name("train", 0, "c-14")
+    assert result == {"state": "failed", "job": name,
+                      "reason": f"analysis Job {name} ran longer than its deadline (20 s): DeadlineExceeded"}
+
+
 async def test_a_pod_never_scheduled_times_out_and_the_job_is_deleted(apiserver):
     with JobControllerDouble(apiserver, NS, behaviour="unschedulable"):
         result = await runner(apiserver, timeout_s=3.0).run("file:///a/c-5/manifest.json", "c-5")
@@ -244,13 +252,13 @@ async def test_a_job_failed_before_its_container_exited_names_the_job_condition(
     task = asyncio.create_task(runner(apiserver).run("file:///a/c-7/manifest.json", "c-7"))
     await _until(lambda: len(jobs(apiserver)) == 1)
     client.BatchV1Api(apiserver.api_client()).patch_namespaced_job_status(
-        name, NS, {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
-                                              "message": "Job was active longer than specified deadline"}]}},
+        name, NS, {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                              "message": "Job has reached the specified backoff limit"}]}},
         _preload_content=False, _content_type="application/merge-patch+json")
     result = await asyncio.wait_for(task, 20)
     assert result["state"] == "failed"
-    assert result["reason"] == (f"analysis Job {name} failed before gpulens analyze exited: DeadlineExceeded "
-                                "Job was active longer than specified deadline (no pod was created)")
+    assert result["reason"] == (f"analysis Job {name} failed before gpulens analyze exited: BackoffLimitExceeded "
+                                "Job has reached the specified backoff limit (no pod was created)")
 
 
 @pytest.mark.parametrize("code,reason,message", [
