@@ -11,19 +11,33 @@ from typing import Any
 
 import yaml
 
-__all__ = ["prometheus_config", "alertmanager_config", "write_yaml"]
+__all__ = ["prometheus_config", "alertmanager_config", "write_yaml", "AGENT_JOB", "AGENT_LABELS", "COORDINATOR_JOB"]
+
+# the chart's PodMonitors are <namespace>/<release>-agent and -coordinator; these match the same rules
+AGENT_JOB, COORDINATOR_JOB = "gpulens-agent", "gpulens-coordinator"
+# `up` has no namespaces of its own: its agent is labelled as one pod of a "gpulens-up" namespace
+AGENT_LABELS = {"namespace": "gpulens-up", "pod": "agent"}
 
 
-def prometheus_config(*, exporter: str, rule_files: list[Path], alertmanager: str,
-                      scrape_interval_s: int = 2, evaluation_interval_s: int = 2,
-                      extra_targets: dict[str, str] | None = None) -> dict[str, Any]:
-    scrape = [{
+def prometheus_config(*, exporter: str, rule_files: list[Path], alertmanager: str, agent: str | None = None,
+                      coordinators_file: Path | None = None, scrape_interval_s: int = 2,
+                      evaluation_interval_s: int = 2) -> dict[str, Any]:
+    """Scrape the exporter and, as the chart's PodMonitors do, the capture plane: the agent at a fixed
+    port, the coordinators (ports assigned as jobs register) from a file_sd file `up` rewrites.
+
+    Job names match what the capture alerts select (`up{job=~".*gpulens.*agent.*"}`); the targets
+    carry `namespace`/`pod` as a PodMonitor's do, since GPULensCapturesFailing sums by them."""
+    scrape: list[dict[str, Any]] = [{
         "job_name": "gpulens-exporter",
         "scrape_interval": f"{scrape_interval_s}s",
         "static_configs": [{"targets": [exporter]}],
     }]
-    for job, target in (extra_targets or {}).items():
-        scrape.append({"job_name": job, "static_configs": [{"targets": [target]}]})
+    if agent:
+        scrape.append({"job_name": AGENT_JOB, "static_configs": [{"targets": [agent], "labels": dict(AGENT_LABELS)}]})
+    if coordinators_file is not None:
+        # file_sd watches the file (inotify); the refresh is the fallback where that is not delivered
+        scrape.append({"job_name": COORDINATOR_JOB, "file_sd_configs": [{
+            "files": [str(coordinators_file)], "refresh_interval": f"{max(5, scrape_interval_s)}s"}]})
     return {
         "global": {"scrape_interval": f"{scrape_interval_s}s", "evaluation_interval": f"{evaluation_interval_s}s",
                    "external_labels": {"gpulens": "embedded"}},

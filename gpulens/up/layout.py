@@ -116,6 +116,11 @@ class Layout:
         return self.state / "gateway-routes.json"
 
     @property
+    def coordinator_targets_file(self) -> Path:
+        """The coordinators Prometheus scrapes (file_sd), rewritten as they start and stop."""
+        return self.state / "prometheus-coordinators.json"
+
+    @property
     def incident_file(self) -> Path:
         return self.state / "incident"
 

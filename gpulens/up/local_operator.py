@@ -2,7 +2,9 @@
 registers on this machine, and the gateway's routes kept in step with them.
 
 Discovery is the registration records, as on a node; a job that appears later gets its own
-coordinator, exactly as an armed job gets one from the operator in a cluster.
+coordinator, exactly as an armed job gets one from the operator in a cluster. The coordinators
+that run are also Prometheus's scrape targets (a file_sd file), as the chart's coordinator
+PodMonitor finds them in a cluster: one that stops, or exits for good, leaves that file.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from typing import TYPE_CHECKING
 
 from gpulens.logs import get_logger
 
+from .scrape_targets import CoordinatorTarget, write_file_sd
+
 if TYPE_CHECKING:
     from .host import UpHost
+    from .supervisor import Child
 
 __all__ = ["LocalOperator", "read_jobs"]
 
@@ -41,6 +46,8 @@ class LocalOperator:
         self.interval_s = interval_s
         self.coordinators: dict[tuple[str, str, int], str] = {}   # key -> URL
         self.pods: dict[str, str] = {}                               # "ns/pod" -> "ns/job"
+        self._children: dict[tuple[str, str, int], tuple["Child", CoordinatorTarget]] = {}
+        self._scraped: list[CoordinatorTarget] | None = None          # what the file_sd file says now
 
     async def run(self) -> None:
         while True:
@@ -64,12 +71,31 @@ class LocalOperator:
             spec = self.runner.coordinator_spec(namespace, job, attempt, index=len(self.coordinators))
             child = await self.runner.sup.start(spec)
             self.coordinators[key] = spec.url
+            self._children[key] = (child, CoordinatorTarget(namespace, spec.name, spec.url))
             changed = True
             log.info("coordinator.started", namespace=namespace, job_id=job, attempt=attempt, url=spec.url)
             self.runner.say(f"gpulens up: job {namespace}/{job} attempt {attempt} registered: coordinator at {spec.url} "
                             f"(pid {child.pid}, log {child.log_path})")
         if changed:
             self.write_routes()
+        self.write_scrape_targets()
+
+    async def stop_coordinator(self, key: tuple[str, str, int]) -> None:
+        """Stop one coordinator; Prometheus stops scraping it (its route stays, as in reconcile)."""
+        entry = self._children.get(key)
+        if entry is not None:
+            await self.runner.sup.stop_child(entry[1].pod)
+            log.info("coordinator.stopped", namespace=key[0], job_id=key[1], attempt=key[2])
+        self.write_scrape_targets()
+
+    def write_scrape_targets(self) -> None:
+        """The running coordinators as Prometheus's file_sd targets; rewritten only when they change."""
+        running = [target for child, target in self._children.values() if not child.final]
+        if running == self._scraped:
+            return
+        write_file_sd(self.runner.layout.coordinator_targets_file, running)
+        self._scraped = running
+        log.info("coordinator.scrape_targets", count=len(running), file=str(self.runner.layout.coordinator_targets_file))
 
     def write_routes(self) -> None:
         latest: dict[str, tuple[int, str]] = {}

@@ -130,6 +130,7 @@ class Runner:
                                    "--iterations", "0"],
             ready=http_ready(f"http://127.0.0.1:{P.gateway}/healthz"), url=f"http://127.0.0.1:{P.gateway}"))
         self.operator = LocalOperator(self)
+        self.operator.write_scrape_targets()  # no coordinator yet: an empty list before Prometheus reads it
         self.page = Page(self, port=P.ui)
         await self.page.start()
         self.urls["captures and annotations"] = f"http://127.0.0.1:{P.ui}/"
@@ -177,7 +178,8 @@ class Runner:
             raise RuntimeError(f"generating alert rules failed: {gen.stderr.strip()[-500:]}")
         rule_files = sorted(rules_dir.glob("*.yml")) + sorted(rules_dir.glob("*.yaml"))
         prom_cfg = write_yaml(L.state / "prometheus.yml", prometheus_config(
-            exporter=f"127.0.0.1:{P.exporter}", rule_files=rule_files, alertmanager=f"127.0.0.1:{P.alertmanager}"))
+            exporter=f"127.0.0.1:{P.exporter}", rule_files=rule_files, alertmanager=f"127.0.0.1:{P.alertmanager}",
+            agent=f"127.0.0.1:{P.agent}", coordinators_file=L.coordinator_targets_file))
         am_cfg = write_yaml(L.state / "alertmanager.yml", alertmanager_config(
             webhook_url=f"http://127.0.0.1:{P.gateway}/v1/alertmanager", token_file=L.token_file("gateway")))
         await self.sup.start(ChildSpec(

@@ -60,6 +60,7 @@ class Child:
     started_at: float = 0.0
     state: str = "new"                  # new, starting, ready, exited, failed, stopped
     exit_code: int | None = None
+    final: bool = False                 # stopped, or exited with no restart coming: gone for good
     _watch: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -128,7 +129,7 @@ class Supervisor:
                 self._announce(f"process {spec.name} restarted: pid {child.pid}; log: {child.log_path}")
                 child.state = "ready" if spec.ready is None or await spec.ready() else "starting"
         else:
-            child.state = "exited" if code == 0 else "failed"
+            child.state, child.final = ("exited" if code == 0 else "failed"), True
             log.warning("child.exited", child=spec.name, exit_code=code, restarts=child.restarts)
             left = "no restarts left" if spec.restart else "not restarted"
             self._announce(f"process {spec.name} (pid {child.pid}) exited with code {code} ({left}); "
@@ -138,7 +139,7 @@ class Supervisor:
         child = self.children.get(name)
         if child is None or child.proc is None:
             return
-        child.state = "stopped"
+        child.state, child.final = "stopped", True
         await _terminate_group(child.proc, timeout_s)
         if child._watch:
             child._watch.cancel()

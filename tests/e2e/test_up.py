@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def interrupt(proc: subprocess.Popen) -> None:
 def running_up(tmp_path: Path, env: dict, incident: str):
     """`gpulens up --demo --incident <incident>` running; on exit: Ctrl-C, then a clean shutdown is checked.
 
-    Yields (workdir, captures page URL, up's output file, process). The incident is induced once the
+    Yields (workdir, captures page URL, up's output file, process, ports). The incident is induced once the
     workload has its baseline (up waits for the recorded series), so no fixed delay here decides it."""
     workdir, log_path, base = tmp_path / "up", tmp_path / "up.out", free_port_base()
     cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", "--incident", incident, "--incident-after", "80",
@@ -119,7 +120,7 @@ def running_up(tmp_path: Path, env: dict, incident: str):
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        yield workdir, f"http://127.0.0.1:{Ports(base).ui}", log_path, proc
+        yield workdir, f"http://127.0.0.1:{Ports(base).ui}", log_path, proc, Ports(base)
     finally:
         interrupt(proc)
     assert proc.returncode == 0, log_path.read_text()[-3000:]
@@ -139,6 +140,28 @@ def alert_capture(ui: str, proc: subprocess.Popen, log_path: Path, timeout: floa
                     last=lambda: log_path.read_text()[-6000:])
 
 
+def prometheus_query(ports: Ports, query: str) -> list[dict]:
+    url = f"http://127.0.0.1:{ports.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    return get_json(url)["data"]["result"]
+
+
+def assert_capture_plane_scraped(ports: Ports) -> None:
+    """Prometheus scrapes the agent and the coordinators as the capture alerts expect (the same
+    selectors as with the chart's PodMonitors): a finished capture shows in a coordinator's counters."""
+    agent = wait_for(lambda: prometheus_query(ports, 'up{job=~".*gpulens.*agent.*"} == 1'), timeout=30,
+                     what="the agent scraped", last=lambda: prometheus_query(ports, "up"))
+    assert [r["metric"]["instance"] for r in agent] == [f"127.0.0.1:{ports.agent}"]  # not the exporter
+    coordinators = prometheus_query(ports, 'up{job="gpulens-coordinator"} == 1')
+    assert any(r["metric"]["namespace"] == "demo" and r["metric"]["pod"].startswith("coordinator-demo-demo")
+               for r in coordinators), coordinators
+    succeeded = wait_for(lambda: prometheus_query(
+        ports, 'sum by (namespace, pod) (gpulens_coordinator_captures_total{outcome="succeeded"}) >= 1'),
+        timeout=30, what="a coordinator's finished captures in Prometheus",
+        last=lambda: prometheus_query(ports, "gpulens_coordinator_captures_total"))
+    assert {r["metric"]["namespace"] for r in succeeded} == {"demo"}
+    assert prometheus_query(ports, 'gpulens_agent_targets_total{job="gpulens-agent",outcome="archived"} >= 1')
+
+
 def summary_of(workdir: Path, capture: dict) -> dict:
     summary = json.loads((workdir / "archive" / capture["report"]).with_name("summary.json").read_text())
     schemas.validate("summary", summary)
@@ -148,8 +171,9 @@ def summary_of(workdir: Path, capture: dict) -> dict:
 def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
     """host_sync arrives as in a cluster: a new pod of the same job. The rules judge it by the workload's
     baseline, the alert starts a capture, and the report's verdict supports the diagnosis from the trace."""
-    with running_up(tmp_path, up_env, "host_sync") as (workdir, ui, log_path, proc):
+    with running_up(tmp_path, up_env, "host_sync") as (workdir, ui, log_path, proc, ports):
         capture = alert_capture(ui, proc, log_path)
+        assert_capture_plane_scraped(ports)
         text = log_path.read_text()
         # the incident came after the baseline, with a new pod of the same job, and the alert that
         # started the capture names that pod (judged by its workload's baseline) and the right diagnosis
@@ -188,7 +212,7 @@ def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
 def test_input_starvation_in_a_new_pod_is_diagnosed_and_host_sync_is_not_supported(tmp_path, up_env):
     """The resize incident (a lower CPU limit recreates the pod): a new pod whose data loader is
     starved. Diagnosed as input_starvation; the report's host_sync check, the control, says no."""
-    with running_up(tmp_path, up_env, "input_starvation") as (workdir, ui, log_path, proc):
+    with running_up(tmp_path, up_env, "input_starvation") as (workdir, ui, log_path, proc, _):
         capture = alert_capture(ui, proc, log_path)
         text = log_path.read_text()
         assert "replacing pod demo/demo-trainer-0 with demo/demo-trainer-1" in text, text[-4000:]

@@ -35,7 +35,8 @@ class FakeSupervisor:
 
     async def start(self, spec: ChildSpec):
         self.started.append(spec.name)
-        return SimpleNamespace(pid=4242, log_path=Path("/logs") / f"{spec.name}.log")  # what Supervisor.start returns
+        # the fields of the Child that Supervisor.start returns which the operator reads
+        return SimpleNamespace(pid=4242, log_path=Path("/logs") / f"{spec.name}.log", final=False)
 
 
 def fake_runner(tmp_path: Path):
