@@ -21,7 +21,8 @@ from aiohttp import web
 from gpulens.logs import get_logger
 
 from .. import limits, schemas, web_json
-from .metrics import CONTENT_TYPE, AgentMetrics
+from ..metrics_http import metrics_route
+from .metrics import AgentMetrics
 from .service import Agent, DispatchRefused
 from .store import StoreWriteFailed
 
@@ -122,11 +123,6 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-async def get_metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS_KEY].exposition()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
-
-
 def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
              metrics: AgentMetrics | None = None) -> web.Application:
     if not token:
@@ -140,5 +136,5 @@ def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
     app.router.add_get("/v1/workers", get_workers)
     app.router.add_get("/healthz", healthz)
     app[METRICS_KEY] = metrics if metrics is not None else agent.pipeline.metrics
-    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/metrics", metrics_route(lambda request: request.app[METRICS_KEY]))
     return app

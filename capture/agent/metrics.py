@@ -1,8 +1,7 @@
 """The node agent's own metrics (served on `/metrics`): how its targets end, how dynolog answers,
 how quickly trace files are seen, verified and archived.
 
-One `AgentMetrics` per running agent, each with its own `CollectorRegistry` (never the global
-one), so two agents in one process (the tests) never share a counter. Labels are bounded: target
+One `AgentMetrics` per running agent, each with its own registry (capture/metrics_http.py). Labels are bounded: target
 outcomes by failure reason (a fixed enum), RPCs by dynolog method; never a capture or target id.
 Every (outcome, reason) pair starts at 0, so `rate()` sees the first failure. The names are listed
 in docs/metrics.md, the capture plane's catalogue.
@@ -10,16 +9,15 @@ in docs/metrics.md, the capture plane's catalogue.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE, generate_latest
+from prometheus_client import Counter, Histogram
 
+from ..metrics_http import OwnMetrics
 from ..models import FailureReason, TargetState, TargetStatus
 
-__all__ = ["AgentMetrics", "CONTENT_TYPE"]
+__all__ = ["AgentMetrics"]
 
-# text format 0.0.4, as the exporter serves (Debian's Prometheus 2.42 reads it)
 # dynolog answers in ms; a stuck one hits the client's 3 s step timeout
 _RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # the agent's watcher sees a renamed file within its poll (~0.1-1 s); minutes mean it is starved
@@ -27,9 +25,7 @@ _OBSERVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass
-class AgentMetrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-
+class AgentMetrics(OwnMetrics):
     def __post_init__(self) -> None:
         r = self.registry
         self.targets = Counter("gpulens_agent_targets", "Targets this agent ended, by outcome (archived or failed) and "
@@ -67,6 +63,3 @@ class AgentMetrics:
     def verified(self, size: int, seconds: float) -> None:
         self.verified_bytes.inc(max(0, size))
         self.verification_seconds.inc(max(0.0, seconds))
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)

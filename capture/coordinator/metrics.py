@@ -1,23 +1,22 @@
 """The coordinator's own metrics (served on `/metrics`): how its captures and their targets end,
 and how long captures take to converge.
 
-One `CoordinatorMetrics` per coordinator, with its own `CollectorRegistry` (never the global
-one). Labels are bounded enums, never a capture id; the job is the scrape target's (one
+One `CoordinatorMetrics` per coordinator, with its own registry (capture/metrics_http.py). Labels are bounded enums, never a capture id; the job is the scrape target's (one
 coordinator per job attempt). Every label pair starts at 0 so `rate()` sees the first failure.
 Catalogue: docs/metrics.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE, generate_latest
+from prometheus_client import Counter, Histogram
 
+from ..metrics_http import OwnMetrics
 from ..models import FailureReason, TargetState
 from .progress import CaptureRecord, Phase
 
-__all__ = ["CoordinatorMetrics", "CONTENT_TYPE", "CAPTURE_FAILURES"]
+__all__ = ["CoordinatorMetrics", "CAPTURE_FAILURES"]
 
 # why a capture could not run, from the error it ended with (service.py sets these three)
 CAPTURE_FAILURES = (("discovery:", "discovery_failed"), ("the manifest could not be written", "manifest_write_failed"),
@@ -27,9 +26,7 @@ _CONVERGE_BUCKETS = (5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.
 
 
 @dataclass
-class CoordinatorMetrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-
+class CoordinatorMetrics(OwnMetrics):
     def __post_init__(self) -> None:
         r = self.registry
         self.captures = Counter("gpulens_coordinator_captures", "Captures this coordinator finished, by outcome "
@@ -65,6 +62,3 @@ class CoordinatorMetrics:
                 self.targets.labels("archived", "").inc()
             elif p.state is TargetState.FAILED and p.reason is not None:
                 self.targets.labels("failed", p.reason.value).inc()
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)

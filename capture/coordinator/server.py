@@ -14,12 +14,12 @@ from typing import Any
 from aiohttp import web
 
 from capture import limits, web_json
+from capture.metrics_http import metrics_route
 from capture.annotations.render import report_link
 from capture.models import CaptureRequest
 from capture.schemas import SchemaError
 
 from .auth import OPEN_PATHS, Credentials, auth_middleware
-from .metrics import CONTENT_TYPE
 from .progress import Phase
 from .service import CaptureBusy, Coordinator, RequestMismatch
 
@@ -47,12 +47,6 @@ def _unknown(capture_id: str) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     s = request.app[COORDINATOR].settings
     return web.json_response({"status": "ok", "job_id": s.job_id, "attempt": s.attempt, "namespace": s.namespace})
-
-
-async def get_metrics(request: web.Request) -> web.Response:
-    """Open like /healthz: counts by outcome and reason, no ids (docs/metrics.md)."""
-    body = request.app[COORDINATOR].metrics.exposition()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def start_capture(request: web.Request) -> web.Response:
@@ -157,7 +151,8 @@ def make_app(coordinator: Coordinator, credentials: Credentials, *, heartbeat_s:
     app[COORDINATOR] = coordinator
     app[HEARTBEAT_S] = heartbeat_s
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", get_metrics)
+    # open like /healthz: counts by outcome and reason, no ids (docs/metrics.md)
+    app.router.add_get("/metrics", metrics_route(lambda request: request.app[COORDINATOR].metrics))
     app.router.add_post("/v1/captures", start_capture)
     app.router.add_get("/v1/captures", list_captures)
     app.router.add_get("/v1/captures/{capture_id}", get_capture)
