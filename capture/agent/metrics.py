@@ -33,7 +33,8 @@ class AgentMetrics(OwnMetrics):
         self.dynolog_rpc = Histogram("gpulens_agent_dynolog_rpc_duration_seconds", "Duration of dynolog RPC calls, "
                                      "answered or not, by method.", ["method"], buckets=_RPC_BUCKETS, registry=r)
         self.dynolog_errors = Counter("gpulens_agent_dynolog_rpc_errors", "dynolog RPC calls that failed, by method "
-                                      "and reason (dynolog_unreachable, dynolog_error).", ["method", "reason"],
+                                      "and reason (dynolog_unreachable; dynolog_refused: it answered a failure "
+                                      "document; dynolog_error: no usable answer).", ["method", "reason"],
                                       registry=r)
         self.observation_delay = Histogram("gpulens_agent_observation_delay_seconds", "From a trace file's last "
                                            "write (Kineto renames it into place right after) to the agent seeing it.",

@@ -11,11 +11,11 @@ Facts and citations: shared/reference/dynolog-kineto-protocol.md and dynolog-obs
 from .config import ConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
 from .ipc_server import Delivery, EndpointBusy, KinetoEndpoint
 from .kineto_watch import KinetoOutcome
-from .results import OnDemandResult, PidOutcome, TriggerFailed
+from .results import DynologRefused, OnDemandResult, PidOutcome, TriggerFailed
 from .rpc import DynologClient
 
 __all__ = [
     "ConfigError", "TraceConfig", "build_config", "kineto_trace_path", "log_file_for",
     "Delivery", "EndpointBusy", "KinetoEndpoint", "KinetoOutcome",
-    "OnDemandResult", "PidOutcome", "TriggerFailed", "DynologClient",
+    "OnDemandResult", "PidOutcome", "TriggerFailed", "DynologRefused", "DynologClient",
 ]

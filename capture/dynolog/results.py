@@ -11,15 +11,29 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["OnDemandResult", "PidOutcome", "TriggerFailed"]
+__all__ = ["OnDemandResult", "PidOutcome", "TriggerFailed", "DynologRefused"]
 
 
 class TriggerFailed(Exception):
     """The trigger itself failed. `.reason` is a FailureReason value (dynolog_unreachable, dynolog_error)."""
 
+    #: the agent's `gpulens_agent_dynolog_rpc_errors_total` reason (the target's reason unless more precise)
+    metric_reason: str
+
     def __init__(self, reason: str, detail: str, *, retryable: bool = False):
         super().__init__(detail)
         self.reason, self.detail, self.retryable = reason, detail, retryable
+        self.metric_reason = reason
+
+
+class DynologRefused(TriggerFailed):
+    """dynolog answered with a failure document, `{"status": "failed..."}` (protocol 1.4, 1.5): it is
+    up and said no. The target fails `dynolog_error`; the RPC error counter says `dynolog_refused`, so
+    an operator tells a dynolog that refuses requests from one that answers garbage."""
+
+    def __init__(self, detail: str):
+        super().__init__("dynolog_error", detail)
+        self.metric_reason = "dynolog_refused"
 
 
 class PidOutcome(str, Enum):

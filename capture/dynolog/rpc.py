@@ -14,9 +14,9 @@ import asyncio
 import json
 import struct
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-from .results import OnDemandResult, TriggerFailed
+from .results import DynologRefused, OnDemandResult, TriggerFailed
 
 __all__ = ["DynologClient", "encode_frame", "MAX_RESPONSE_BYTES"]
 
@@ -38,6 +38,15 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 
 OnCall = Callable[[str, float, "str | None"], None]  # (method, seconds, failure reason or None)
+T = TypeVar("T")
+
+
+def refusal(body: Any) -> str | None:
+    """The text of a failure document, else None. dynolog's failures carry only `"status"`, a string
+    ("failed", "failed with exception = ..."); getStatus's int and dcgm's bool statuses are answers."""
+    if isinstance(body, dict) and set(body) == {"status"} and isinstance(body["status"], str):
+        return body["status"]
+    return None
 
 
 class DynologClient:
@@ -61,17 +70,21 @@ class DynologClient:
 
     async def call(self, request: dict[str, Any]) -> Any:
         """Send one request, return the decoded answer. Raises TriggerFailed(dynolog_unreachable |
-        dynolog_error); unreachable and timeouts are retryable."""
-        if self.on_call is None:
-            return await self._call(request)
+        dynolog_error), DynologRefused for a failure document; unreachable and timeouts are retryable."""
+        return await self._counted(request, lambda body: body)
+
+    async def _counted(self, request: dict[str, Any], read: Callable[[Any], T]) -> T:
+        """One call with its answer read by `read`, timed and counted by `on_call` as a whole: an
+        answer that is a refusal or unusable is a failed call, not a success."""
         started = time.monotonic()
-        method = str(request.get("fn"))
         try:
-            answer = await self._call(request)
+            answer = read(await self._call(request))
         except TriggerFailed as exc:
-            self.on_call(method, time.monotonic() - started, exc.reason)
+            if self.on_call is not None:
+                self.on_call(str(request.get("fn")), time.monotonic() - started, exc.metric_reason)
             raise
-        self.on_call(method, time.monotonic() - started, None)
+        if self.on_call is not None:
+            self.on_call(str(request.get("fn")), time.monotonic() - started, None)
         return answer
 
     async def _call(self, request: dict[str, Any]) -> Any:
@@ -107,9 +120,12 @@ class DynologClient:
             except (OSError, asyncio.TimeoutError):
                 pass
         try:
-            return json.loads(body)
+            answer = json.loads(body)
         except ValueError as exc:
             raise TriggerFailed("dynolog_error", f"{where} answered invalid JSON: {body[:200]!r}") from exc
+        if (status := refusal(answer)) is not None:
+            raise DynologRefused(f"{where} refused {request.get('fn')!r}: {status}")
+        return answer
 
     async def set_kineto_ondemand_request(self, config: str, pids: list[int], job_id: int,
                                           process_limit: int = 1000) -> OnDemandResult:
@@ -118,21 +134,27 @@ class DynologClient:
             raise ValueError("explicit positive pids only: [] and [0] mean every process of the job")
         if not 0 <= int(job_id) <= 0x7FFFFFFF:
             raise ValueError(f"job_id {job_id} does not fit dynolog's C int")
-        body = await self.call({"fn": "setKinetOnDemandRequest", "config": config, "job_id": int(job_id),
-                                "pids": [int(p) for p in pids], "process_limit": int(process_limit)})
-        return OnDemandResult.from_body(body)
+        return await self._counted({"fn": "setKinetOnDemandRequest", "config": config, "job_id": int(job_id),
+                                    "pids": [int(p) for p in pids], "process_limit": int(process_limit)},
+                                   OnDemandResult.from_body)
 
     async def get_version(self) -> str:
-        body = await self.call({"fn": "getVersion"})
-        if not isinstance(body, dict) or "version" not in body:
-            raise TriggerFailed("dynolog_error", f"unexpected getVersion answer {body!r:.200}")
-        return str(body["version"])
+        return await self._counted({"fn": "getVersion"}, _version)
 
     async def get_status(self) -> int:
-        body = await self.call({"fn": "getStatus"})
-        if not isinstance(body, dict) or not isinstance(body.get("status"), int):
-            raise TriggerFailed("dynolog_error", f"unexpected getStatus answer {body!r:.200}")
-        return body["status"]
+        return await self._counted({"fn": "getStatus"}, _status)
+
+
+def _version(body: Any) -> str:
+    if not isinstance(body, dict) or "version" not in body:
+        raise TriggerFailed("dynolog_error", f"unexpected getVersion answer {body!r:.200}")
+    return str(body["version"])
+
+
+def _status(body: Any) -> int:
+    if not isinstance(body, dict) or not isinstance(body.get("status"), int):
+        raise TriggerFailed("dynolog_error", f"unexpected getStatus answer {body!r:.200}")
+    return body["status"]
 
 
 def _describe(exc: BaseException) -> str:

@@ -8,8 +8,10 @@ import socket
 import struct
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from capture.dynolog import DynologClient, OnDemandResult, PidOutcome, TriggerFailed
+from capture.agent.metrics import AgentMetrics
+from capture.dynolog import DynologClient, DynologRefused, OnDemandResult, PidOutcome, TriggerFailed
 from capture.dynolog.rpc import encode_frame
 from tests.conftest import free_port
 from tests.doubles.dynolog_double import DynologDouble
@@ -93,19 +95,72 @@ async def test_client_refuses_ambiguous_targets():
         await client.set_kineto_ondemand_request(CONFIG, [5], 2**31)
 
 
-async def test_status_only_bodies_are_failures_with_their_text(double):
+async def test_status_only_bodies_are_refusals_with_their_text(double):
     client = DynologClient("127.0.0.1", double.port)
-    missing = await client.call({"fn": "setKinetOnDemandRequest", "config": CONFIG})
-    assert missing == {"status": "failed"}
-    with pytest.raises(TriggerFailed) as err:
-        OnDemandResult.from_body(missing)
-    assert err.value.reason == "dynolog_error" and "failed" in err.value.detail
-    typed = await client.call({"fn": "setKinetOnDemandRequest", "config": CONFIG, "pids": "100", "job_id": 7})
-    assert typed["status"].startswith("failed with exception")
-    with pytest.raises(TriggerFailed) as err:
-        OnDemandResult.from_body(typed)
+    with pytest.raises(DynologRefused) as err:
+        await client.call({"fn": "setKinetOnDemandRequest", "config": CONFIG})  # no pids: {"status":"failed"}
+    assert err.value.reason == "dynolog_error" and err.value.metric_reason == "dynolog_refused"
+    assert "refused 'setKinetOnDemandRequest': failed" in err.value.detail
+    with pytest.raises(DynologRefused) as err:
+        await client.call({"fn": "setKinetOnDemandRequest", "config": CONFIG, "pids": "100", "job_id": 7})
     assert "failed with exception" in err.value.detail
-    assert await client.call({"fn": "dcgmProfPause"}) == {"status": "failed"}
+    with pytest.raises(DynologRefused):
+        await client.call({"fn": "dcgmProfPause"})
+    # a status that is a value (getStatus's int, dcgm's bool) is an answer, not a refusal
+    assert await client.call({"fn": "dcgmProfResume"}) == {"status": False}
+    assert await client.call({"fn": "getStatus"}) == {"status": 1}
+    with pytest.raises(TriggerFailed) as err:  # the result parser refuses the same shape on its own
+        OnDemandResult.from_body({"status": "failed"})
+    assert err.value.reason == "dynolog_error" and "failed" in err.value.detail
+
+
+async def test_a_refusal_is_counted_as_an_rpc_error_not_a_success(double):
+    """The agent's RPC counter (AgentMetrics.dynolog_call as on_call, as the agent wires it) against
+    the double: answered calls count no error, a failure document counts as `dynolog_refused`."""
+    metrics = AgentMetrics()
+    client = DynologClient("127.0.0.1", double.port, on_call=metrics.dynolog_call)
+    assert (await client.set_kineto_ondemand_request(CONFIG, [4242], 7)).processes_matched == ()  # answered
+    assert await client.get_version() == "0.6.0"
+    assert errors(metrics) == {}
+    with pytest.raises(DynologRefused):
+        await client.call({"fn": "setKinetOnDemandRequest", "config": CONFIG, "pids": "4242", "job_id": 7})
+    assert errors(metrics) == {("setKinetOnDemandRequest", "dynolog_refused"): 1}
+    assert calls(metrics) == {"setKinetOnDemandRequest": 2, "getVersion": 1}  # every call timed
+
+
+async def test_an_answer_the_client_cannot_use_is_counted_as_dynolog_error():
+    """A broken server that frames a JSON object of the wrong shape for every request."""
+    async def wrong_shape(reader, writer):
+        await reader.read(1 << 16)
+        writer.write(encode_frame({"hello": 1}))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(wrong_shape, "127.0.0.1", 0)
+    metrics = AgentMetrics()
+    try:
+        client = DynologClient("127.0.0.1", server.sockets[0].getsockname()[1], timeout_s=2,
+                               on_call=metrics.dynolog_call)
+        for call in (client.get_version(), client.get_status(), client.set_kineto_ondemand_request(CONFIG, [5], 7)):
+            with pytest.raises(TriggerFailed) as err:
+                await call
+            assert err.value.reason == err.value.metric_reason == "dynolog_error"
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert errors(metrics) == {(m, "dynolog_error"): 1 for m in ("getVersion", "getStatus", "setKinetOnDemandRequest")}
+
+
+def errors(metrics: AgentMetrics) -> dict[tuple[str, str], float]:
+    """The error counter's non-zero samples, read from the exposition /metrics serves."""
+    return {(s.labels["method"], s.labels["reason"]): s.value for f in text_string_to_metric_families(
+        metrics.exposition().decode()) for s in f.samples if s.name == "gpulens_agent_dynolog_rpc_errors_total"
+        and s.value}
+
+
+def calls(metrics: AgentMetrics) -> dict[str, float]:
+    return {s.labels["method"]: s.value for f in text_string_to_metric_families(metrics.exposition().decode())
+            for s in f.samples if s.name == "gpulens_agent_dynolog_rpc_duration_seconds_count"}
 
 
 async def test_unknown_function_gets_eof_and_a_clear_error(double):
