@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
+from capture.annotations import FileSink
 from capture.coordinator import Phase
 from capture.coordinator.analysis_job import (AnalysisJobRunner, AnalysisJobSpec, OwnerRef, analysis_job,
                                               analysis_job_name, report_uri_of)
@@ -152,11 +153,14 @@ async def test_a_converged_capture_is_analysed_by_a_job_and_its_report_is_linked
     """The coordinator service records the Job's outcome as it did the child process's; the Job's
     own command line (run for real by the kubelet double) wrote the report it links."""
     write_job(tmp_path / "registry", pods={"train-0": ("node-a", 0)}, local_world_size=2)
+    annotations = tmp_path / "state" / "annotations.json"
     with JobControllerDouble(apiserver, NS) as controller:
         async with RunningAgent(AgentDouble("node-a", AGENT_TOKEN)) as a:
-            c = make_coordinator(tmp_path, http, {"node-a": a.url}, analysis=runner(apiserver, timeout_s=300))
+            c = make_coordinator(tmp_path, http, {"node-a": a.url}, analysis=runner(apiserver, timeout_s=300),
+                                 annotations=FileSink(annotations))
             rec, _ = c.start(CaptureRequest(job_id="train", duration_ms=200))
             await c.wait(rec.capture_id)
+            assert await c._syncs[rec.capture_id].wait_synced(5)
             await c.close()
     assert rec.phase == Phase.CONVERGED
     assert rec.analysis["state"] == "done", rec.analysis["reason"]
@@ -165,6 +169,8 @@ async def test_a_converged_capture_is_analysed_by_a_job_and_its_report_is_linked
     (job,) = jobs(apiserver)
     assert job["metadata"]["name"] == rec.analysis["job"] == analysis_job_name("train", 0, rec.capture_id)
     assert [argv[3:] for argv in controller.ran] == [["analyze", rec.manifest_uri]]
+    (ann,) = json.loads(annotations.read_text())["annotations"]
+    assert rec.report_uri in ann["text"]                      # the annotation links to the Job's report
 
 
 async def test_a_restarted_coordinator_reuses_the_running_job_instead_of_starting_a_second(apiserver):
