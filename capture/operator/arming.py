@@ -110,9 +110,14 @@ def _arm_container(container: dict[str, Any], cfg: ArmingConfig, warnings: list[
             mounts.append(m)
 
 
-def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig,
-              image: str) -> tuple[dict[str, Any] | None, ArmingResult]:
-    """The armed copy of `pod` (None when it is left alone) and the reason, warnings and job id."""
+def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: str,
+              attempt: int | None = None) -> tuple[dict[str, Any] | None, ArmingResult]:
+    """The armed copy of `pod` (None when it is left alone) and the reason, warnings and job id.
+
+    `attempt` is the number the webhook read from the pod's batch Job (job_attempts.py); a
+    `gpulens.dev/attempt` label on the pod still wins, and without either the pod's own labels
+    decide (`jobs.attempt_of_pod`).
+    """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     spec = pod.get("spec") or {}
@@ -145,7 +150,7 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig,
     lbl = m.setdefault("labels", {})
     lbl[L.ARMED] = "true"
     lbl.setdefault(L.JOB, job.job_id if L.is_label_value(job.job_id) else L.dns_name(job.job_id))
-    lbl.setdefault(L.ATTEMPT, str(attempt_of_pod(pod)))
+    lbl.setdefault(L.ATTEMPT, str(attempt_of_pod(pod) if attempt is None else attempt))
     ann = m.setdefault("annotations", {})
     if L.LOCAL_WORLD_SIZE not in ann:
         first = next(c for c in containers if c.get("name") == targets[0])
@@ -160,13 +165,14 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig,
     return out, ArmingResult(reason="armed", warnings=tuple(warnings), job_id=job.job_id)
 
 
-def arm_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: str) -> ArmingResult:
+def arm_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: str,
+            attempt: int | None = None) -> ArmingResult:
     """The JSON Patch that arms `pod` (empty when it must be left alone).
 
     Whole members are replaced with `add` (which also creates absent ones), so the patch applies
     cleanly whatever other webhooks did before us.
     """
-    new, result = armed_pod(pod, namespace, cfg, image)
+    new, result = armed_pod(pod, namespace, cfg, image, attempt)
     if new is None:
         return result
     ops: list[dict[str, Any]] = []

@@ -46,6 +46,16 @@ def _api_client(kubeconfig: str | None):
     return client.ApiClient()
 
 
+def _attempt_reader(kubeconfig: str | None):
+    """The webhook's reader of batch Job failures (job_attempts.py); None, logged, without API
+    credentials: batch Job pods are then armed as attempt 0, as before the rule."""
+    from .job_attempts import JobAttempts
+    from .kube import KubeApi
+    try:
+        return JobAttempts(KubeApi(_api_client(kubeconfig))).attempt_of
+    except Exception as exc:  # noqa: BLE001 - the webhook still arms without it
+        log.warning("webhook.no_api", reason=f"{type(exc).__name__}: {exc}", effect="batch Job pods get attempt 0")
+        return None
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -58,7 +68,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
     host, port = _host_port(args.listen)
-    app = make_app(cfg.arming if args.tls_cert else None, cfg.hook_image)
+    app = make_app(cfg.arming if args.tls_cert else None, cfg.hook_image,
+                   _attempt_reader(args.kubeconfig) if args.tls_cert else None)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     ssl_ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None

@@ -51,6 +51,7 @@ class KubeApi:
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
         self.rbac = k8s.RbacAuthorizationV1Api(api_client)
+        self.batch = k8s.BatchV1Api(api_client)
 
     def _call(self, action: str, fn, *args, missing_ok: bool = False, exists_ok: bool = False, **kw) -> Any:
         try:
@@ -88,6 +89,18 @@ class KubeApi:
         plural = _PLURALS.get(owner.kind, owner.kind.lower() + "s")
         return self._call(f"get {owner.kind} {namespace}/{owner.name}", self.custom.get_namespaced_custom_object,
                           group, version, namespace, plural, owner.name, missing_ok=True)
+
+    def get_job(self, namespace: str, name: str, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """A batch/v1 Job, or None when it is gone (the webhook numbers a replacement pod's attempt)."""
+        return self._call(f"get job {namespace}/{name}", self.batch.read_namespaced_job, name, namespace,
+                          missing_ok=True, _request_timeout=timeout_s)
+
+    def list_pods(self, namespace: str, label_selector: str, field_selector: str = "",
+                  timeout_s: float | None = None) -> list[dict[str, Any]]:
+        out = self._call(f"list pods {namespace}", self.core.list_namespaced_pod, namespace,
+                         label_selector=label_selector, field_selector=field_selector or None,
+                         _request_timeout=timeout_s)
+        return list(out.get("items") or [])
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call(f"get pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace,

@@ -6,6 +6,11 @@ with the JSON Patch from `arming.arm_pod`. The chart registers it only for names
 if arming fails, the pod is admitted unarmed with a warning, because observability must never
 stop training. It has no side effects and returns only a transformation of what it was sent,
 which is why it needs no authentication beyond the API server's TLS connection.
+
+Its one read: for a pod of a plain batch Job it counts the Job's failed pods first
+(`job_attempts.py`), so a replacement pod is a new attempt. That read is bounded
+(`ATTEMPT_BUDGET_S`, below the chart's 5 s webhook timeout) and a failed read arms the pod as
+attempt 0 with a log line: the pod is never held up or refused for it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import base64
 import json
 import os
 import ssl
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from aiohttp import web
 
@@ -25,11 +30,17 @@ from gpulens.logs import get_logger
 from .arming import arm_pod
 from .config import ArmingConfig
 
-__all__ = ["review_response", "make_app", "tls_context", "reload_certificates", "MAX_BODY"]
+__all__ = ["review_response", "attempt_for", "make_app", "tls_context", "reload_certificates", "MAX_BODY",
+           "ATTEMPT_BUDGET_S", "AttemptReader"]
 
 log = get_logger("webhook")
 
 MAX_BODY = limits.WEBHOOK_BODY.max_bytes   # admission requests are bounded by the 3 MiB object limit
+ATTEMPT_BUDGET_S = 3.0                     # reading the Job; the API server gives the webhook 5 s in all
+
+#: (pod, namespace) -> the pod's attempt, or None when the reader has no rule for that pod
+#: (`job_attempts.JobAttempts.attempt_of`). Synchronous: it runs in a thread.
+AttemptReader = Callable[[Mapping[str, Any], str], "int | None"]
 
 
 class BadReview(ValueError):
@@ -49,18 +60,49 @@ def _request_of(review: Any) -> Mapping[str, Any]:
     return req
 
 
-def review_response(review: Any, cfg: ArmingConfig, image: str) -> dict[str, Any]:
-    """The AdmissionReview answer for `review`; raises BadReview for a malformed request."""
-    req = _request_of(review)
-    resp: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+def _pod_created(req: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The pod of a Pod CREATE request, None for anything else (admitted untouched)."""
     kind = req.get("kind") or {}
     obj = req.get("object")
     if kind.get("kind") != "Pod" or kind.get("group", "") != "" or req.get("operation") != "CREATE" \
             or not isinstance(obj, dict):
-        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
-    namespace = req.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "default"
+        return None
+    return obj
+
+
+def _namespace(req: Mapping[str, Any], obj: Mapping[str, Any]) -> str:
+    return req.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "default"
+
+
+async def attempt_for(review: Any, reader: AttemptReader | None, budget_s: float = ATTEMPT_BUDGET_S) -> int | None:
+    """The attempt `reader` gives the reviewed pod; None when there is no reader, no pod, no rule
+    for it, or the read failed or ran out of time (then logged: the pod is armed as attempt 0).
+    Raises BadReview for a malformed request."""
+    req = _request_of(review)
+    obj = _pod_created(req)
+    if reader is None or obj is None:
+        return None
+    namespace = _namespace(req, obj)
     try:
-        result = arm_pod(obj, namespace, cfg, image)
+        return await asyncio.wait_for(asyncio.to_thread(reader, obj, namespace), budget_s)
+    except Exception as exc:  # noqa: BLE001 - a pod is never held up by this read
+        reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+        log.warning("attempt.unread", namespace=namespace, uid=req["uid"], attempt=0, reason=reason)
+        return None
+
+
+def review_response(review: Any, cfg: ArmingConfig, image: str, attempt: int | None = None) -> dict[str, Any]:
+    """The AdmissionReview answer for `review`; raises BadReview for a malformed request.
+
+    `attempt`: what `attempt_for` read for the pod (None: the pod's own labels decide)."""
+    req = _request_of(review)
+    resp: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+    obj = _pod_created(req)
+    if obj is None:
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+    namespace = _namespace(req, obj)
+    try:
+        result = arm_pod(obj, namespace, cfg, image, attempt)
     except Exception as exc:  # never refuse a pod because arming failed
         log.error("arming.failed", namespace=namespace, uid=req["uid"], reason=f"{type(exc).__name__}: {exc}")
         resp["warnings"] = [f"gpulens: pod not armed: {type(exc).__name__}"]
@@ -71,12 +113,13 @@ def review_response(review: Any, cfg: ArmingConfig, image: str) -> dict[str, Any
     if result.warnings:
         resp["warnings"] = [f"gpulens: {w}" for w in result.warnings]
     log.info("pod.armed" if result.patch else "pod.skipped", namespace=namespace, job_id=result.job_id,
-             reason=result.reason, uid=req["uid"])
+             reason=result.reason, uid=req["uid"], attempt=attempt)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
 
 
-def make_app(cfg: ArmingConfig | None, image: str) -> web.Application:
-    """`/healthz` always; `/mutate` when `cfg` is given (the webhook is enabled)."""
+def make_app(cfg: ArmingConfig | None, image: str, attempts: AttemptReader | None = None) -> web.Application:
+    """`/healthz` always; `/mutate` when `cfg` is given (the webhook is enabled). `attempts` numbers
+    batch Job pods' attempts (None: the pods' labels alone do, as with no API access)."""
     app = web.Application(client_max_size=MAX_BODY)
 
     async def healthz(_: web.Request) -> web.Response:
@@ -87,7 +130,8 @@ def make_app(cfg: ArmingConfig | None, image: str) -> web.Application:
             return web.json_response({"error": "Content-Type must be application/json"}, status=415)
         review = await web_json.read_json(request, limits.WEBHOOK_BODY)
         try:
-            return web.json_response(review_response(review, cfg, image))  # type: ignore[arg-type]
+            attempt = await attempt_for(review, attempts)
+            return web.json_response(review_response(review, cfg, image, attempt))  # type: ignore[arg-type]
         except BadReview as exc:
             log.warning("review.bad", reason=str(exc))
             return web.json_response({"error": str(exc)}, status=400)

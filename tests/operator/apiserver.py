@@ -8,7 +8,8 @@ What it adds to kmock 0.8, each as the real API server does it:
   namespace from the URL (kmock stores the body as sent);
 - every write bumps `resourceVersion`; `PUT` replaces an object and answers 409 Conflict when the
   body's resourceVersion is stale (optimistic concurrency, which Lease elections depend on);
-- `labelSelector` on list and watch (equality, inequality, existence);
+- `labelSelector` on list and watch (equality, inequality, existence); `fieldSelector` on list
+  (equality and inequality on a dotted field path, e.g. `status.phase=Failed`);
 - background cascading deletion: deleting an object deletes the objects whose ownerReferences
   name its uid, recursively (the garbage collector, with no delay); `propagationPolicy: Orphan`
   instead removes those owner references and keeps the dependents; an object written with owners
@@ -66,6 +67,24 @@ def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
                 return False
         elif term not in labels:
             return False
+    return True
+
+
+def _field_selector_matches(selector: str, obj: dict) -> bool:
+    def value(path: str) -> str:
+        node: Any = obj
+        for part in path.strip().split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return "" if node is None else str(node)
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if value(k) == v.strip():
+                return False
+        else:
+            k, v = term.replace("==", "=").split("=", 1)
+            if value(k) != v.strip():
+                return False
     return True
 
 
@@ -189,6 +208,9 @@ class ApiServer(kmock.KubernetesEmulator):
         if selector:
             out["items"] = [o for o in out["items"]
                             if _selector_matches(selector, (o.get("metadata") or {}).get("labels") or {})]
+        fields = request.params.get("fieldSelector")
+        if fields:
+            out["items"] = [o for o in out["items"] if _field_selector_matches(fields, o)]
         return out
 
     async def _serve_watch(self, request: rendering.Request):

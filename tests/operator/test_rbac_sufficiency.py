@@ -6,6 +6,7 @@ from __future__ import annotations
 import yaml
 
 from capture.operator.config import OperatorConfig
+from capture.operator.job_attempts import JobAttempts
 from capture.operator.kube import KubeApi
 from capture.operator.leadership import LeaseElector
 from capture.operator.reconcile import Reconciler
@@ -38,6 +39,10 @@ def test_every_operator_request_is_allowed_by_the_chart_rbac(apiserver, cluster)
     elector.release()
 
     job = cluster.job("ml", "llama")
+    # The webhook's read (get the Job, list its failed pods) for a pod the Job controller submits.
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "llama", "uid": job["metadata"]["uid"], "controller": True}
+    assert JobAttempts(KubeApi(client)).attempt_of(
+        {"metadata": {"labels": {"job-name": "llama"}, "ownerReferences": [owner]}}, "ml") == 0
     cluster.pod("ml", "llama-0", job=job, attempt=0)
     r.reconcile_job("ml", "llama")
     r.resync()
