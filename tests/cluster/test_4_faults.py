@@ -5,11 +5,10 @@ keeps the job's coordinator (no duplicate) and brings its lost Pod back."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from .harness import NS, wait_until
+from .workload import armed_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 
@@ -26,7 +25,7 @@ def test_pods_are_created_unarmed_while_the_webhook_is_down(release, api, toolbo
     (dep,) = [d for d in apps.list_namespaced_deployment(NS).items
               if (d.metadata.labels or {}).get("app.kubernetes.io/component") == "operator"]
     replicas = dep.spec.replicas
-    ns = _armed_namespace(api)
+    ns = armed_namespace(api)
     apps.patch_namespaced_deployment_scale(dep.metadata.name, NS, {"spec": {"replicas": 0}})
     try:
         wait_until("no operator pods", lambda: not api.list_namespaced_pod(
@@ -42,15 +41,6 @@ def test_pods_are_created_unarmed_while_the_webhook_is_down(release, api, toolbo
         apps.patch_namespaced_deployment_scale(dep.metadata.name, NS, {"spec": {"replicas": replicas}})
         api.delete_namespace(ns)
     wait_until("operators back", lambda: _operator_ready(api, replicas), 300)
-
-
-def _armed_namespace(api) -> str:
-    """A fresh namespace opted in to arming."""
-    from kubernetes import client
-    ns = f"ml-{uuid.uuid4().hex[:6]}"
-    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=ns, labels={"gpulens.dev/arming": "enabled"})))
-    return ns
 
 
 def _sleeping_job(api, ns: str, toolbox: str) -> None:
@@ -73,7 +63,7 @@ def _lease_holder(api) -> str | None:
 def test_the_other_operator_takes_over_when_the_leader_is_killed(release, api, toolbox):
     """The new leader acts (it brings the job's lost coordinator Pod back) and duplicates nothing."""
     from kubernetes import client
-    ns = _armed_namespace(api)
+    ns = armed_namespace(api)
     custom = client.CustomObjectsApi(api.api_client)
 
     def coordinators():

@@ -1,0 +1,135 @@
+"""The workloads the cluster tests run and the gateway they ask for captures: one builder each, so
+the loop (test_3), the faults (test_4) and the churn (test_6) run the same trainer.
+
+The trainer runs Debian's python3 from the gpulens image (bookworm + python3 + bcc, no torch):
+torch comes from this machine's venv and the demo trainer from the repository, both hostPath
+read-only (no registry here to pull a torch image from); it drives the CUDA driver stand-in
+(exporter/stub, also by hostPath), so the exporter's uprobes count its launches."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from .harness import NS, REPO, STATE, wait_until
+
+JOB = "trainer"
+#: Exits 1 when the pod's attempt (GPULENS_ATTEMPT, from the webhook's `gpulens.dev/attempt` label)
+#: is 0, else runs the trainer: the first pod of a Job fails, its replacement trains.
+FAIL_ATTEMPT_0 = 'if [ "${GPULENS_ATTEMPT:-0}" = 0 ]; then echo "attempt 0: failing on purpose"; exit 1; fi; exec "$@"'
+
+
+def armed_namespace(api) -> str:
+    """A fresh namespace opted in to arming."""
+    from kubernetes import client
+    ns = f"ml-{uuid.uuid4().hex[:6]}"
+    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=ns, labels={"gpulens.dev/arming": "enabled"})))
+    return ns
+
+
+def torch_site() -> str:
+    import torch
+    return str(Path(torch.__file__).parents[1])
+
+
+def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0) -> dict:
+    """Job `trainer`: one pod, torchrun with two workers of the demo trainer (each steps forever).
+
+    `fail_attempt_0`: the container first runs FAIL_ATTEMPT_0 (with `backoff_limit` >= 1 the Job
+    controller replaces the failed pod)."""
+    from exporter.stub import build_stub
+    libcuda = build_stub(STATE / "stub").libcuda
+    site = torch_site()
+    mounts = [("repo", str(REPO)), ("site", site), ("stub", str(libcuda.parents[1]))]
+    command = ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29500",
+               "-m", "gpulens.up.demo_trainer", "--libcuda", str(libcuda), "--control", "/tmp/incident",
+               "--kernels", "10", "--h2d-bytes", "65536", "--copy-floats", "1024"]
+    if fail_attempt_0:
+        command = ["sh", "-c", FAIL_ATTEMPT_0, "sh", *command]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": JOB},
+        "spec": {"backoffLimit": backoff_limit, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "trainer", "image": image, "imagePullPolicy": "Never", "command": command,
+                "env": [{"name": "PYTHONPATH", "value": f"{REPO}:{site}"},
+                        {"name": "LD_LIBRARY_PATH", "value": str(libcuda.parent)},
+                        {"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
+                "securityContext": {"runAsUser": 0},
+                "volumeMounts": [{"name": n, "mountPath": p, "readOnly": True} for n, p in mounts]}],
+            "volumes": [{"name": n, "hostPath": {"path": p, "type": "Directory"}} for n, p in mounts]}}}}
+
+
+def wait_training(api, ns: str, name: str):
+    """Pod `name` Running with both workers stepping (each prints one "demo-trainer rank=" line)."""
+    def running():
+        p = api.read_namespaced_pod(name, ns)
+        assert p.status.phase not in ("Failed", "Succeeded"), api.read_namespaced_pod_log(name, ns)[-4000:]
+        return p.status.phase == "Running" and p
+    wait_until(f"trainer pod {name} Running", running, 300)
+    wait_until(f"both workers of {name} started", lambda: running() and api.read_namespaced_pod_log(
+        name, ns, container="trainer").count("demo-trainer rank=") >= 2, 300, 1)
+    return api.read_namespaced_pod(name, ns)
+
+
+def start_trainer(api, ns: str, image: str):
+    """Job `trainer` in `ns`, its pod training; returns the pod."""
+    from kubernetes import client
+    client.BatchV1Api(api.api_client).create_namespaced_job(ns, trainer_job(image))
+    pod = wait_until("trainer pod", lambda: api.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items, 60)[0]
+    return wait_training(api, ns, pod.metadata.name)
+
+
+def gateway(api) -> tuple[str, str]:
+    """The gateway Service's URL (from this machine: the cluster IP) and its bearer token."""
+    (svc,) = [s for s in api.list_namespaced_service(NS).items
+              if (s.metadata.labels or {}).get("app.kubernetes.io/component") == "gateway"]
+    secret = next(s for s in api.list_namespaced_secret(NS).items if s.data and "gateway" in s.data)
+    return f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}", base64.b64decode(secret.data["gateway"]).decode()
+
+
+def call(url: str, token: str, body: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, method="POST" if body is not None else "GET",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def start_capture(api, ns: str, duration_ms: int, timeout: float = 240) -> str:
+    """A capture of job `trainer` asked of the gateway; retried while the job's coordinator is not
+    ready yet (it learns the workers from the API and the agent). Returns its id."""
+    base, token = gateway(api)
+    started = wait_until("capture accepted by the gateway", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
+        call(f"{base}/v1/captures?namespace={ns}", token, {"job_id": JOB, "duration_ms": duration_ms})), timeout, 2)
+    return started["capture_id"]
+
+
+def capture_status(api, capture_id: str) -> dict:
+    base, token = gateway(api)
+    return call(f"{base}/v1/captures/{capture_id}", token)[1]
+
+
+def wait_converged(api, capture_id: str, timeout: float = 300) -> dict:
+    """The capture's status once it is done (converged or failed): it must never stay open."""
+    return wait_until(f"capture {capture_id} converged", lambda: (
+        lambda s: s.get("phase") in ("converged", "failed") and s)(capture_status(api, capture_id)), timeout, 1)
+
+
+def read_manifest(s3, uri: str) -> dict:
+    assert uri.startswith(f"s3://{s3.bucket}/"), uri
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return json.loads(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def archived_size(s3, uri: str) -> int:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return s3.client().head_object(Bucket=bucket, Key=key)["ContentLength"]
