@@ -50,9 +50,12 @@ def test_an_agent_pod_deleted_mid_capture_comes_back_and_the_capture_loses_no_ra
     at_delete = wait_until("both ranks dispatched", dispatched, 120, 0.5)
     assert all(t["state"] not in ("archived", "failed") for t in at_delete), at_delete   # still mid-capture
     api.delete_namespaced_pod(old.metadata.name, NS, grace_period_seconds=0)
-    wait_until("the DaemonSet's new node pod Ready", lambda: [
+    (new,) = wait_until("the DaemonSet's new node pod Ready", lambda: [
         p for p in api.list_namespaced_pod(NS, label_selector=NODE_PODS).items
         if p.metadata.uid != old.metadata.uid and _ready(p)], 300)
+    # The new agent found both open targets in its state folder on the node (hostPath) and resumed
+    # them (the only open ones: earlier captures' targets are final).
+    assert "event=agent.resumed targets=2" in api.read_namespaced_pod_log(new.metadata.name, NS, container="agent")
 
     done = wait_converged(api, cid, 300)
     assert done["phase"] == "converged", done
@@ -70,7 +73,7 @@ def test_an_agent_pod_deleted_mid_capture_comes_back_and_the_capture_loses_no_ra
             # Failed, with the reason said: never lost silently, never a bare internal error.
             assert t["state"] == "failed" and t["reason"] not in (None, "internal_error"), t
             assert (failures[rank]["reason"], failures[rank]["detail"]) == (t["reason"], t["detail"]), manifest
-    # What the restarted agent does: it resumes the targets it had on the node's disk and finishes them.
+    # ...and finished them: nothing was lost with the old pod.
     assert done["counts"] == {"archived": 2}, [(t["rank"], t["state"], t["reason"], t["detail"]) for t in done["targets"]]
     p = api.read_namespaced_pod(pod.metadata.name, ns)
     assert p.status.phase == "Running" and p.status.container_statuses[0].restart_count == 0
