@@ -7,9 +7,10 @@ a plain Job says them only in its status, so the webhook counts the Job's failur
 the replacement of the first failed pod is attempt 1, of the second 2, and so on.
 
 The count is the larger of the Job's `status.failed` (plus failures not yet folded into it,
-`status.uncountedTerminatedPods.failed`) and the Job's pods in phase Failed: controllers before
-Kubernetes 1.26 create the replacement in the same sync that counts the failure and write the
-status only afterwards, so at admission only the failed pod itself shows it.
+`status.uncountedTerminatedPods.failed`) and the Job's pods in phase Failed: the Job controller
+of Kubernetes 1.20 (the cluster tests') creates the replacement in the same sync that counts the
+failure and writes the status only afterwards, so at admission only the failed pod itself shows
+it; a controller that writes the count first, or pods deleted since, show in the status.
 """
 
 from __future__ import annotations

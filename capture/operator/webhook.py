@@ -4,11 +4,13 @@ The API server POSTs an `admission.k8s.io/v1` AdmissionReview to `/mutate` over 
 with the JSON Patch from `arming.arm_pod`. The chart registers it only for namespaces labelled
 `gpulens.dev/arming=enabled`, with `failurePolicy: Ignore`, and this handler never refuses a pod:
 if arming fails, the pod is admitted unarmed with a warning, because observability must never
-stop training. It has no side effects and returns only a transformation of what it was sent,
-which is why it needs no authentication beyond the API server's TLS connection.
+stop training. It has no side effects and returns a transformation of what it was sent plus one
+number read from the API, which is why it needs no authentication beyond the API server's TLS
+connection.
 
-Its one read: for a pod of a plain batch Job it counts the Job's failed pods first
-(`job_attempts.py`), so a replacement pod is a new attempt. That read is bounded
+That one read: for a pod of a plain batch Job it counts the Job's failed pods first
+(`job_attempts.py`: only for the Job whose uid the pod names), so a replacement pod is a new
+attempt. That read is bounded
 (`ATTEMPT_BUDGET_S`, below the chart's 5 s webhook timeout) and a failed read arms the pod as
 attempt 0 with a log line: the pod is never held up or refused for it.
 """
