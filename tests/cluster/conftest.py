@@ -131,4 +131,21 @@ def release(cluster, api, gpulens_image, s3):
     Not uninstalled: the cluster's `down` (test_9, then the session's end) takes every object with
     it, and test_9 checks `down` with the release running."""
     install = readme_install(gpulens_image, s3.endpoint)
-    return install.run(api, cluster.kubeconfig, REPO, exists_ok=lambda status: REUSE and status == 409)
+    out = install.run(api, cluster.kubeconfig, REPO, exists_ok=lambda status: REUSE and status == 409)
+    if REUSE:
+        _restart_release_pods(api)
+    return out
+
+
+def _restart_release_pods(api) -> None:
+    """A kept cluster's pods may run another worktree's image under the same tag (an upgrade
+    restarts only pods whose spec changed): start every release pod again from the loaded image."""
+    from .harness import NS
+    old = {p.metadata.uid for p in api.list_namespaced_pod(NS).items}
+    api.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
+
+    def fresh_and_ready():
+        pods = api.list_namespaced_pod(NS).items
+        return pods and all(p.metadata.uid not in old and p.status.container_statuses
+                            and all(c.ready for c in p.status.container_statuses) for p in pods)
+    wait_until("the release's pods restarted and Ready", fresh_and_ready, 300, 1)
