@@ -6,15 +6,17 @@ under CI=true that is a failure (the cluster is a required real component)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
-import pytest
-
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-from .harness import (BB, KUBECONFIG, REPO, TOOLBOX, MachineState, cluster_sh, down, machine_state, readme_install,
-                      up, wait_until)
+import pytest
+import yaml
+
+from .harness import (BB, KUBECONFIG, NS, RELEASE, REPO, TOOLBOX, MachineState, cluster_sh, down,
+                      machine_state, readme_install, up, wait_until)
+from .workload import gateway
 
 #: The node's address on the pod bridge: pods reach the host there (the apiserver, DNS, and the
 #: tests' S3 server).
@@ -149,3 +151,142 @@ def _restart_release_pods(api) -> None:
         return pods and all(p.metadata.uid not in old and p.status.container_statuses
                             and all(c.ready for c in p.status.container_statuses) for p in pods)
     wait_until("the release's pods restarted and Ready", fresh_and_ready, 300, 1)
+
+
+# --- Prometheus and Alertmanager outside the cluster (cluster/monitoring.py; test_5_alerts) --------
+
+#: Alerts with this label go to a receiver holding a wrong gateway token (the 401 check).
+WRONG_TOKEN_LABEL = ("gpulens_test_receiver", "wrong-token")
+
+
+@dataclass
+class Monitor:
+    prometheus: str                 # http://127.0.0.1:<port>
+    alertmanager: str
+    logs: dict[str, Path]           # process name -> its log file
+    gateway_url: str
+    gateway_token: str
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")
+
+
+def _service_account_secret(api, namespace: str, name: str) -> dict[str, str]:
+    """The token Secret 1.20's token controller makes for a ServiceAccount (decoded)."""
+    import base64
+
+    def made():
+        for ref in api.read_namespaced_service_account(name, namespace).secrets or []:
+            s = api.read_namespaced_secret(ref.name, namespace)
+            if s.type == "kubernetes.io/service-account-token" and s.data and "token" in s.data:
+                return {k: base64.b64decode(v).decode() for k, v in s.data.items()}
+        return None
+    return wait_until(f"the token Secret of ServiceAccount {namespace}/{name}", made, 60)
+
+
+def _apply_rbac(api, docs: list[dict]) -> None:
+    from kubernetes import utils
+    from kubernetes.client.rest import ApiException
+    for doc in docs:
+        try:
+            utils.create_from_dict(api.api_client, doc)
+        except utils.FailToCreateError as e:       # kept from an earlier session (REUSE): as it is
+            if not all(isinstance(x, ApiException) and x.status == 409 for x in e.api_exceptions):
+                raise
+
+
+def _start(name: str, argv: list[str], log: Path, ready: str) -> subprocess.Popen:
+    out = log.open("wb")
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+
+    def up():
+        assert proc.poll() is None, f"{name} exited {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
+        import urllib.request
+        with urllib.request.urlopen(ready, timeout=2) as r:
+            return r.status == 200
+    wait_until(f"{name} ready", up, 60, 0.3)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The whole process group, TERM then KILL."""
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def monitoring(cluster, api, release, tmp_path_factory) -> Monitor:
+    """Debian's prometheus and prometheus-alertmanager on 127.0.0.1, configured by
+    cluster/monitoring.py as a chart user without the Operator would: pod discovery as a read-only
+    ServiceAccount (through cluster/pod_sd.py: Debian's build has no Kubernetes discovery), the
+    project's rules time-scaled like `gpulens up`, the gateway Service as the webhook receiver.
+    Plus one test-only route: alerts labelled WRONG_TOKEN_LABEL go to the same URL with a wrong
+    token. Logs stay in the session's tmp dir; a failing test that used this shows their tails."""
+    from tests.conftest import free_port
+    sys.path.insert(0, str(REPO / "cluster"))
+    import monitoring as mon
+
+    prom_bin, am_bin = "/usr/bin/prometheus", "/usr/bin/prometheus-alertmanager"
+    for b in (prom_bin, am_bin):
+        if not Path(b).exists():
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{b} is missing (scripts/setup.sh installs it)")
+            pytest.skip(f"{b} is missing")
+    d = tmp_path_factory.mktemp("monitoring")
+    _apply_rbac(api, mon.rbac())
+    sa = _service_account_secret(api, mon.SA_NAMESPACE, mon.SA_NAME)
+    (d / "sa-token").write_text(sa["token"])
+    (d / "ca.crt").write_text(sa["ca.crt"])
+    base, token = gateway(api)
+    (d / "gateway-token").write_text(token)
+    (d / "wrong-token").write_text("not-the-gateway-token")
+    sd_port, am_port, prom_port = free_port(), free_port(), free_port()
+    m = mon.Monitoring(token_file=d / "sa-token", ca_file=d / "ca.crt", gateway_url=base,
+                       gateway_token_file=d / "gateway-token", alertmanager=f"127.0.0.1:{am_port}",
+                       rule_files=mon.write_rules(d / "rules"), api_server=f"https://{NODE_IP}:6443",
+                       namespaces=(NS,), release=RELEASE, pod_sd_url=f"http://127.0.0.1:{sd_port}")
+    prom_cfg, am_cfg = mon.write_configs(d, m)
+    am = yaml.safe_load(am_cfg.read_text())
+    key, value = WRONG_TOKEN_LABEL
+    am["route"]["routes"].insert(0, {"receiver": "gateway-wrong-token", "matchers": [f'{key}="{value}"'], "continue": False})
+    am["receivers"].append({"name": "gateway-wrong-token", "webhook_configs": [{
+        "url": base + mon.WEBHOOK_PATH, "send_resolved": False,
+        "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(d / "wrong-token")}}}]})
+    am_cfg.write_text(yaml.safe_dump(am, sort_keys=False))
+    logs = {n: d / f"{n}.log" for n in ("pod-sd", "alertmanager", "prometheus")}
+    procs = []
+    try:
+        procs.append(_start("pod-sd", [sys.executable, str(REPO / "cluster" / "pod_sd.py"), "--listen",
+                                       f"127.0.0.1:{sd_port}", "--api-server", m.api_server, "--token-file",
+                                       str(m.token_file), "--ca-file", str(m.ca_file)],
+                            logs["pod-sd"], f"http://127.0.0.1:{sd_port}/healthz"))
+        procs.append(_start("alertmanager", [am_bin, f"--config.file={am_cfg}", f"--storage.path={d / 'am-data'}",
+                                             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+                            logs["alertmanager"], f"http://127.0.0.1:{am_port}/-/ready"))
+        procs.append(_start("prometheus", [prom_bin, f"--config.file={prom_cfg}", f"--storage.tsdb.path={d / 'prom-data'}",
+                                           f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            logs["prometheus"], f"http://127.0.0.1:{prom_port}/-/ready"))
+        yield Monitor(f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}", logs, base, token)
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that used the monitoring processes gets the tails of their logs."""
+    outcome = yield
+    rep = outcome.get_result()
+    mon = getattr(item, "funcargs", {}).get("monitoring")
+    if rep.failed and isinstance(mon, Monitor):
+        for name, path in mon.logs.items():
+            if path.exists():
+                rep.sections.append((f"{name} log (tail)", path.read_text(errors="replace")[-4000:]))

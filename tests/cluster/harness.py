@@ -56,7 +56,11 @@ def forbidden_in_logs(api, namespace: str) -> dict[str, list[str]]:
     """Every log line of every container of `namespace`'s pods that reports a 403 or Forbidden."""
     out = {}
     for p in api.list_namespaced_pod(namespace).items:
+        # A container still waiting to start has no log yet (the API answers 400): nothing in it.
+        started = {s.name for s in p.status.container_statuses or [] if s.state and (s.state.running or s.state.terminated)}
         for c in p.spec.containers:
+            if c.name not in started:
+                continue
             log = api.read_namespaced_pod_log(p.metadata.name, namespace, container=c.name)
             bad = [line for line in log.splitlines() if " 403" in line or "Forbidden" in line or '"403' in line]
             if bad:
@@ -147,3 +151,14 @@ def machine_state() -> MachineState:
     dirs = {str(d) for d in (STATE, RUN) if d.exists()}
     return MachineState(tuple(sysctls), frozenset(_chains()), frozenset(cgroups), frozenset(mounts),
                         frozenset(links), frozenset(procs), frozenset(dirs))
+
+
+def pod_log(api, namespace: str, pod: str, container: str | None = None) -> str:
+    """A pod's log as text (the client's own decoding hands back `str(bytes)`: one "b'...\\n...'" line)."""
+    r = api.read_namespaced_pod_log(pod, namespace, container=container, _preload_content=False)
+    return r.data.decode(errors="replace")
+
+
+def pod_logs(api, namespace: str, label_selector: str, container: str | None = None) -> str:
+    return "\n".join(pod_log(api, namespace, p.metadata.name, container)
+                     for p in api.list_namespaced_pod(namespace, label_selector=label_selector).items)

@@ -37,17 +37,25 @@ def torch_site() -> str:
     return str(Path(torch.__file__).parents[1])
 
 
-def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0) -> dict:
+def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0,
+                control_dir: str | None = None) -> dict:
     """Job `trainer`: one pod, torchrun with two workers of the demo trainer (each steps forever).
 
     `fail_attempt_0`: the container first runs FAIL_ATTEMPT_0 (with `backoff_limit` >= 1 the Job
-    controller replaces the failed pod)."""
+    controller replaces the failed pod). `control_dir`: a host folder mounted at /control whose
+    `incident` file the trainer reads (a test writes it to induce an incident); None: a pod-local
+    path nobody writes."""
     from exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
     mounts = [("repo", str(REPO)), ("site", site), ("stub", str(libcuda.parents[1]))]
+    mount_paths = {}
+    if control_dir:
+        mounts.append(("control", control_dir))
+        mount_paths["control"] = "/control"
     command = ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29500",
-               "-m", "gpulens.up.demo_trainer", "--libcuda", str(libcuda), "--control", "/tmp/incident",
+               "-m", "gpulens.up.demo_trainer", "--libcuda", str(libcuda),
+               "--control", "/control/incident" if control_dir else "/tmp/incident",
                "--kernels", "10", "--h2d-bytes", "65536", "--copy-floats", "1024"]
     if fail_attempt_0:
         command = ["sh", "-c", FAIL_ATTEMPT_0, "sh", *command]
@@ -61,7 +69,7 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
                         {"name": "LD_LIBRARY_PATH", "value": str(libcuda.parent)},
                         {"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
                 "securityContext": {"runAsUser": 0},
-                "volumeMounts": [{"name": n, "mountPath": p, "readOnly": True} for n, p in mounts]}],
+                "volumeMounts": [{"name": n, "mountPath": mount_paths.get(n, p), "readOnly": True} for n, p in mounts]}],
             "volumes": [{"name": n, "hostPath": {"path": p, "type": "Directory"}} for n, p in mounts]}}}}
 
 
@@ -77,10 +85,10 @@ def wait_training(api, ns: str, name: str):
     return api.read_namespaced_pod(name, ns)
 
 
-def start_trainer(api, ns: str, image: str):
+def start_trainer(api, ns: str, image: str, control_dir: str | None = None):
     """Job `trainer` in `ns`, its pod training; returns the pod."""
     from kubernetes import client
-    client.BatchV1Api(api.api_client).create_namespaced_job(ns, trainer_job(image))
+    client.BatchV1Api(api.api_client).create_namespaced_job(ns, trainer_job(image, control_dir=control_dir))
     pod = wait_until("trainer pod", lambda: api.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items, 60)[0]
     return wait_training(api, ns, pod.metadata.name)
 
