@@ -146,7 +146,7 @@ def write_rules(out: Path, time_scale: float = DEFAULT_TIME_SCALE) -> tuple[Path
 
 
 def dump(doc: Any) -> str:
-    return yaml.safe_dump(doc, sort_keys=False, width=1000)
+    return yaml.safe_dump(doc, sort_keys=False, width=110, default_flow_style=None)
 
 
 def write_configs(out: Path, m: Monitoring) -> tuple[Path, Path]:
@@ -157,10 +157,25 @@ def write_configs(out: Path, m: Monitoring) -> tuple[Path, Path]:
     return prom, am
 
 
+#: The README's example ("Prometheus without the Operator"): where a user's Prometheus keeps the
+#: ServiceAccount's token and CA, the gateway Service's ClusterIP, the gateway token file.
+README_EXAMPLE = dict(token_file=Path("/etc/prometheus/gpulens/sa-token"), ca_file=Path("/etc/prometheus/gpulens/ca.crt"),
+                      gateway_url="http://10.96.0.20:9453", gateway_token_file=Path("/etc/alertmanager/gpulens-gateway-token"),
+                      alertmanager="127.0.0.1:9093", api_server="https://10.244.0.1:6443",
+                      namespaces=("gpulens-system",), release="gl")
+
+
+def readme_blocks() -> dict[str, str]:
+    """The README's YAML blocks, rendered by the functions the cluster tests run."""
+    m = Monitoring(**README_EXAMPLE)
+    return {"scrape": dump({"scrape_configs": scrape_configs(m)}), "alertmanager": dump(alertmanager_config(m))}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cluster/monitoring.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("readme", help="print the README's scrape config and Alertmanager config")
     r = sub.add_parser("rbac", help="print the ServiceAccount and its read-only RBAC as YAML")
     r.add_argument("--namespace", default=SA_NAMESPACE)
     c = sub.add_parser("config", help="write prometheus.yml, alertmanager.yml and rules/ into --out")
@@ -177,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                    "(Debian's Prometheus has no Kubernetes discovery)")
     c.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE, help="multiply every rule window by this")
     a = p.parse_args(argv)
+    if a.cmd == "readme":
+        for name, text in readme_blocks().items():
+            sys.stdout.write(f"# {name}\n{text}")
+        return 0
     if a.cmd == "rbac":
         sys.stdout.write("---\n".join(dump(d) for d in rbac(a.namespace)))
         return 0

@@ -188,3 +188,19 @@ async def test_bridge_answers_502_when_the_api_refuses_or_is_down(tmp_path):
     async with await _bridge(tmp_path, url) as client:        # the API server is gone now
         r = await client.get("/v1/pods", params={"namespace": "gpulens-system"})
         assert r.status == 502
+
+
+def test_the_readme_shows_the_configs_the_module_renders():
+    text = (REPO / "README.md").read_text()
+    for name, rendered in monitoring.readme_blocks().items():
+        marker = f"<!-- gpulens-monitoring:{name} -->\n```yaml\n"
+        assert marker in text, f"README lacks the {name} block"
+        block = text.split(marker, 1)[1].split("```", 1)[0]
+        assert block == rendered, f"README's {name} block is stale: `python cluster/monitoring.py readme` prints it"
+    # and the README's form is the user's: API discovery, not the tests' HTTP SD bridge
+    assert "kubernetes_sd_configs" in monitoring.readme_blocks()["scrape"]
+
+
+def test_readme_cli_prints_the_blocks():
+    r = run(sys.executable, str(REPO / "cluster" / "monitoring.py"), "readme")
+    assert r.returncode == 0 and all(b in r.stdout for b in monitoring.readme_blocks().values())
