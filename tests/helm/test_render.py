@@ -140,3 +140,16 @@ def test_pod_monitors_scrape_the_agent_and_every_coordinator_off_by_default():
     [endpoint] = coord_pm["spec"]["podMetricsEndpoints"]
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     assert endpoint["path"] == "/metrics" and endpoint["port"] in ports
+
+
+def test_the_exporters_monitors_keep_its_namespace_pod_and_container_labels():
+    """The exporter labels its series with the trainer's namespace/pod/container; the Operator adds
+    the target's own under the same names, and without honorLabels the exporter's become
+    exported_namespace, ... and every rule (by namespace, pod) sees the DaemonSet's pod instead.
+    The agent's own metrics have no such labels: its monitor keeps the default."""
+    objs = render(VALUE_SETS["everything"])
+    (sm,) = by_kind(objs, "ServiceMonitor")
+    assert [e.get("honorLabels") for e in sm["spec"]["endpoints"]] == [True]
+    monitors = {o["metadata"]["name"]: o for o in by_kind(objs, "PodMonitor")}
+    assert [e.get("honorLabels") for e in monitors["gl-gpulens-exporter"]["spec"]["podMetricsEndpoints"]] == [True]
+    assert [e.get("honorLabels") for e in monitors["gl-gpulens-agent"]["spec"]["podMetricsEndpoints"]] == [None]
