@@ -35,13 +35,17 @@ from typing import Any, Mapping
 from gpulens.logs import get_logger
 
 __all__ = ["AnalysisJobRunner", "AnalysisJobSpec", "OwnerRef", "analysis_job", "analysis_job_name", "report_uri_of",
-           "CONTAINER", "REPORT_KEY"]
+           "CONTAINER", "DEADLINE_GRACE_S", "REPORT_KEY"]
 
 log = get_logger("coordinator")
 
 CONTAINER = "analyze"
 REPORT_KEY = "analysis/report.html"     # capture.analysis.REPORT_KEY (a test keeps them equal)
 TMP_MOUNT = "/tmp"
+# Kubernetes's own deadline is the backstop (a coordinator that is gone): it comes later than the
+# coordinator's, which still sees the pod and can say why it never finished. With equal deadlines
+# the Job controller deleted the pod first (seen on the 1.20.2 cluster: "no pod was created").
+DEADLINE_GRACE_S = 60
 _MEANING = {2: "refused the manifest", 3: "nothing could be analysed"}
 _PERMANENT = {401, 403, 404, 422}        # retrying the same call cannot help
 _LABEL_VALUE = re.compile(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
@@ -153,7 +157,7 @@ def analysis_job(spec: AnalysisJobSpec, manifest_uri: str, capture_id: str) -> d
                                     "controller": False, "blockOwnerDeletion": False}]
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
             "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": spec.ttl_s,
-                     "activeDeadlineSeconds": max(1, int(spec.timeout_s)),
+                     "activeDeadlineSeconds": max(1, int(spec.timeout_s)) + DEADLINE_GRACE_S,
                      "template": {"metadata": {"labels": pod_labels,
                                                "annotations": {"gpulens.dev/capture-id": capture_id}},
                                   "spec": pod_spec}}}

@@ -72,7 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help='--analysis job: the container\'s resources, e.g. \'{"limits": {"memory": "8Gi"}}\'')
     a("--analysis-label", action="append", default=[], type=_label, metavar="KEY=VALUE",
       help="--analysis job: a label on the Job and its pod (repeatable; the operator passes the job's)")
-    a("--analysis-timeout-s", type=float, default=1800.0, help="bound on one analysis (activeDeadlineSeconds)")
+    a("--analysis-timeout-s", type=float, default=1800.0, help="bound on one analysis (a Job's activeDeadlineSeconds is this + 60)")
     a("--analysis-ttl-s", type=int, default=3600, help="--analysis job: ttlSecondsAfterFinished")
     a("--coordinator-name", help="the CaptureCoordinator this coordinator serves (owner of its analysis Jobs)")
     a("--coordinator-uid", help="its metadata.uid (with --coordinator-name)")

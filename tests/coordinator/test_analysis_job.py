@@ -105,7 +105,7 @@ def test_the_job_is_a_valid_restricted_unarmed_job_owned_by_the_capture_coordina
                                         "blockOwnerDeletion": False}]
     assert meta["namespace"] == NS
     assert jspec["backoffLimit"] == 0 and jspec["ttlSecondsAfterFinished"] == 3600
-    assert jspec["activeDeadlineSeconds"] == 20
+    assert jspec["activeDeadlineSeconds"] == 20 + 60        # after the coordinator's own deadline (backstop)
     assert c["command"] == ["gpulens"]
     assert c["args"] == ["analyze", "s3://b/p/ml/train/0/c-1/manifest.json", "--s3-endpoint", "http://minio:9000"]
     assert c["image"] == "ghcr.io/gpulens/gpulens:1.2.3"
@@ -231,7 +231,7 @@ async def test_a_job_stopped_at_its_deadline_says_so_rather_than_exit_137(apiser
         result = await runner(apiserver).run("file:///a/c-14/manifest.json", "c-14")
     name = analysis_job_name("train", 0, "c-14")
     assert result == {"state": "failed", "job": name,
-                      "reason": f"analysis Job {name} ran longer than its deadline (20 s): DeadlineExceeded"}
+                      "reason": f"analysis Job {name} ran longer than its deadline (80 s): DeadlineExceeded"}
 
 
 async def test_a_pod_never_scheduled_times_out_and_the_job_is_deleted(apiserver):

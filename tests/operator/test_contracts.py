@@ -197,7 +197,7 @@ def test_the_analysis_job_the_operator_asks_for_is_valid_owned_and_outside_the_j
     names = children_of(cc)
     pod = job["spec"]["template"]
     (c,) = pod["spec"]["containers"]
-    assert job["metadata"]["namespace"] == "ml" and job["spec"]["activeDeadlineSeconds"] == 900
+    assert job["metadata"]["namespace"] == "ml" and job["spec"]["activeDeadlineSeconds"] == 960
     assert job["metadata"]["ownerReferences"][0]["uid"] == "cc-uid"
     assert job["metadata"]["ownerReferences"][0]["name"] == cc["metadata"]["name"]
     assert pod["spec"]["serviceAccountName"] == names["sa"]
