@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from .workload import gateway
 NODE_IP = "10.244.0.1"
 S3_BUCKET = "gpulens-cluster"
 S3_CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+#: The Grafana service-account token the README's install puts in the chart's tokens Secret.
+GRAFANA_TOKEN = "glsa_gpulens-cluster-test"
 
 
 @dataclass
@@ -125,14 +128,76 @@ def s3(cluster):
         stop_process(proc)
 
 
+class Grafana:
+    """tests/doubles/grafana_double.py (Grafana's annotations HTTP API, checking the service-account
+    token) served on the node's bridge address in a thread of its own, where coordinator pods reach it.
+    Tests read it through the same API (`search`), never the double's dicts across threads."""
+
+    def __init__(self, token: str):
+        self.token, self.url = token, ""
+        self._loop = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="grafana-double", daemon=True)
+
+    def _serve(self) -> None:
+        import asyncio
+        from aiohttp import web
+        from tests.doubles.grafana_double import GrafanaDouble
+        self._loop = asyncio.new_event_loop()
+        runner = web.AppRunner(GrafanaDouble(self.token).app(), access_log=None, shutdown_timeout=0.1)
+        self._loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, NODE_IP, 0)
+        self._loop.run_until_complete(site.start())
+        self.url = f"http://{NODE_IP}:{site._server.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(runner.cleanup())
+            self._loop.close()
+
+    def start(self) -> "Grafana":
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the Grafana double did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def search(self, *tags: str) -> list[dict]:
+        """`GET /api/annotations?tags=...` (tags ANDed), with the token."""
+        import json
+        import urllib.parse
+        import urllib.request
+        query = urllib.parse.urlencode([("tags", t) for t in tags] + [("limit", "100")])
+        req = urllib.request.Request(f"{self.url}/api/annotations?{query}",
+                                     headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+
 @pytest.fixture(scope="session")
-def release(cluster, api, gpulens_image, s3):
+def grafana(cluster):
+    """The annotations target of the coordinators (the README's `grafana.url`)."""
+    server = Grafana(GRAFANA_TOKEN).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def release(cluster, api, gpulens_image, s3, grafana):
     """The chart installed once per session by the README's own lines (values file, kubectl and
-    helm commands: tests/cluster/readme_install.py), archiving to the S3 server.
+    helm commands: tests/cluster/readme_install.py), archiving to the S3 server and annotating the
+    Grafana double.
 
     Not uninstalled: the cluster's `down` (test_9, then the session's end) takes every object with
     it, and test_9 checks `down` with the release running."""
-    install = readme_install(gpulens_image, s3.endpoint)
+    install = readme_install(gpulens_image, s3.endpoint, grafana.url)
     out = install.run(api, cluster.kubeconfig, REPO, exists_ok=lambda status: REUSE and status == 409)
     if REUSE:
         _restart_release_pods(api)

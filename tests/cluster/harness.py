@@ -40,11 +40,15 @@ def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def readme_install(image: str, s3_endpoint: str):
-    """The README's test-cluster install (values and commands) for this image and S3 server."""
+def readme_install(image: str, s3_endpoint: str, grafana_url: str):
+    """The README's test-cluster install (values and commands) for this image, S3 server and Grafana."""
     from .readme_install import Install, ReadmeError
     repo, _, tag = image.rpartition(":")
-    install = Install.from_readme(REPO / "README.md", {"VERSION": tag, "S3_PORT": s3_endpoint.rsplit(":", 1)[1]})
+    install = Install.from_readme(REPO / "README.md", {"VERSION": tag, "S3_PORT": s3_endpoint.rsplit(":", 1)[1],
+                                                       "GRAFANA_PORT": grafana_url.rsplit(":", 1)[1]})
+    if (install.values.get("grafana") or {}).get("url") != grafana_url:
+        raise ReadmeError(f"the README's grafana.url {(install.values.get('grafana') or {}).get('url')} "
+                          f"is not {grafana_url}")
     if install.values["image"]["repository"] != repo:
         raise ReadmeError(f"the README installs {install.values['image']['repository']}, the image is {repo}")
     if install.values["archive"]["s3Endpoint"] != s3_endpoint:

@@ -9,6 +9,7 @@ README cannot show a command the tests do not run."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ def substitute(text: str, env: dict[str, str]) -> str:
 class Step:
     """One README command line, parsed: what it does, with which arguments."""
 
-    verb: str                       # namespace | secret | label | helm-install
+    verb: str                       # namespace | secret | secret-patch | label | helm-install
     args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,6 +67,20 @@ def _duration_s(text: str) -> int:
     return int(m.group(1) or 0) * 60 + int(m.group(2) or 0)
 
 
+def _string_data_patch(line: str, argv: list[str]) -> dict[str, str]:
+    """`--type merge -p '{"stringData": {KEY: VALUE}}'`: the one Secret patch the README shows."""
+    if _opt(argv, "--type") != "merge":
+        raise ReadmeError(f"{line!r}: expected --type merge")
+    try:
+        patch = json.loads(_opt(argv, "-p", "--patch") or "")
+    except ValueError:
+        patch = None
+    data = patch.get("stringData") if isinstance(patch, dict) and set(patch) == {"stringData"} else None
+    if not isinstance(data, dict) or not data or not all(isinstance(v, str) and v for v in data.values()):
+        raise ReadmeError(f"{line!r}: expected -p '{{\"stringData\": {{\"KEY\": \"VALUE\"}}}}'")
+    return data
+
+
 def parse(commands: str) -> list[Step]:
     steps = []
     for raw in commands.splitlines():
@@ -82,6 +97,9 @@ def parse(commands: str) -> list[Step]:
             if not data or len(data) != len(literals):
                 raise ReadmeError(f"{line!r}: expected --from-literal=KEY=VALUE arguments")
             steps.append(Step("secret", {"name": argv[4], "namespace": ns, "data": data}))
+        elif argv[:3] == ["kubectl", "patch", "secret"] and ns and len(argv) > 3 and not argv[3].startswith("-"):
+            steps.append(Step("secret-patch", {"name": argv[3], "namespace": ns,
+                                               "data": _string_data_patch(line, argv)}))
         elif argv[:3] == ["kubectl", "label", "namespace"] and len(argv) == 5 and "=" in argv[4]:
             key, value = argv[4].split("=", 1)
             steps.append(Step("label", {"name": argv[3], "labels": {key: value}}))
@@ -149,6 +167,10 @@ class Install:
                     api.create_namespaced_secret(a["namespace"], client.V1Secret(
                         metadata=client.V1ObjectMeta(name=a["name"]),
                         data={k: base64.b64encode(v.encode()).decode() for k, v in a["data"].items()}))
+                elif step.verb == "secret-patch":
+                    # What `kubectl patch --type merge` sends; the apiserver folds stringData into data.
+                    api.patch_namespaced_secret(a["name"], a["namespace"], {"stringData": a["data"]},
+                                                _content_type="application/merge-patch+json")
                 elif step.verb == "label":
                     api.patch_namespace(a["name"], {"metadata": {"labels": a["labels"]}})
                 else:

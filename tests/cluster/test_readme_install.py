@@ -7,16 +7,16 @@ import pytest
 
 from tests.helm.chart import by_kind, render, validate
 
-from .conftest import S3_BUCKET, S3_CREDS
+from .conftest import GRAFANA_TOKEN, S3_BUCKET, S3_CREDS
 from .harness import NS, RELEASE, REPO, RUN, STATE, readme_install
 from .readme_install import Install, ReadmeError, parse, substitute
 
-IMAGE, S3 = "localhost/gpulens:9.9.9", "http://10.244.0.1:41234"
+IMAGE, S3, GRAFANA = "localhost/gpulens:9.9.9", "http://10.244.0.1:41234", "http://10.244.0.1:41235"
 
 
 def test_the_readme_install_is_what_the_fixtures_expect():
-    install = readme_install(IMAGE, S3)
-    assert [s.verb for s in install.steps] == ["namespace", "secret", "helm-install"]
+    install = readme_install(IMAGE, S3, GRAFANA)
+    assert [s.verb for s in install.steps] == ["namespace", "secret", "helm-install", "secret-patch"]
     helm = install.helm.args
     assert (helm["release"], helm["namespace"]) == (RELEASE, NS)
     assert (REPO / helm["chart"]).resolve() == (REPO / "helm" / "gpulens").resolve()
@@ -25,12 +25,20 @@ def test_the_readme_install_is_what_the_fixtures_expect():
     assert secret.args["data"] == S3_CREDS and secret.args["name"] == install.values["archive"]["existingSecret"]
     assert install.values["image"] == {"repository": "localhost/gpulens", "tag": "9.9.9", "pullPolicy": "Never"}
     assert install.values["archive"]["root"].startswith(f"s3://{S3_BUCKET}/")
+    assert install.values["grafana"] == {"url": GRAFANA}
+    # The Grafana token goes into the Secret the chart generated (its coordinators' token source),
+    # after the install that created it.
+    (patch,) = [s for s in install.steps if s.verb == "secret-patch"]
+    assert patch.args["data"] == {"grafana": GRAFANA_TOKEN} and patch.args["namespace"] == NS
+    (tokens,) = [o for o in by_kind(render(install.values, name=RELEASE, namespace=NS), "Secret")
+                 if "gateway" in o["data"]]
+    assert patch.args["name"] == tokens["metadata"]["name"]
     # Every host folder the chart shares lives in the cluster's state, which `down` removes.
     assert all(p.startswith((f"{STATE}/", f"{RUN}/")) for p in install.values["node"]["paths"].values())
 
 
 def test_the_readme_values_render_valid_objects_that_run_on_the_test_node():
-    install = readme_install(IMAGE, S3)
+    install = readme_install(IMAGE, S3, GRAFANA)
     objs = render(install.values, name=RELEASE, namespace=NS)
     for obj in objs:
         validate(obj)
@@ -43,9 +51,11 @@ def test_the_readme_values_render_valid_objects_that_run_on_the_test_node():
 
 def test_the_image_and_s3_server_must_match_the_readme():
     with pytest.raises(ReadmeError, match="installs localhost/gpulens"):
-        readme_install("registry.example.com/gpulens:1", S3)
+        readme_install("registry.example.com/gpulens:1", S3, GRAFANA)
     with pytest.raises(ReadmeError, match="s3Endpoint"):
-        readme_install(IMAGE, "http://127.0.0.1:41234")
+        readme_install(IMAGE, "http://127.0.0.1:41234", GRAFANA)
+    with pytest.raises(ReadmeError, match="grafana.url"):
+        readme_install(IMAGE, S3, "http://127.0.0.1:41235")
 
 
 @pytest.mark.parametrize("line", [
@@ -58,6 +68,18 @@ def test_the_image_and_s3_server_must_match_the_readme():
 ])
 def test_a_line_the_tests_cannot_run_is_refused(line):
     with pytest.raises(ReadmeError, match="cannot run|KEY=VALUE"):
+        parse(line)
+
+
+@pytest.mark.parametrize("line, why", [
+    ("""kubectl patch secret t --namespace ns -p '{"stringData": {"grafana": "x"}}'""", "--type merge"),
+    ("""kubectl patch secret t --namespace ns --type merge -p '{"data": {"grafana": "eA=="}}'""", "stringData"),
+    ("""kubectl patch secret t --namespace ns --type merge -p '{"stringData": {"grafana": ""}}'""", "stringData"),
+    ("""kubectl patch secret t --namespace ns --type merge -p 'not json'""", "stringData"),
+    ("""kubectl patch secret t --type merge -p '{"stringData": {"grafana": "x"}}'""", "cannot run"),  # no namespace
+])
+def test_a_secret_patch_the_tests_cannot_run_is_refused(line, why):
+    with pytest.raises(ReadmeError, match=why):
         parse(line)
 
 
