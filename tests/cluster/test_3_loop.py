@@ -2,19 +2,21 @@
 by the webhook at creation, the operator makes its coordinator, the exporter's series for it carry
 the real namespace, pod, container and job (from the kubelet's cgroups and the API), and a capture
 asked of the gateway Service reaches both ranks through the agent pod and lands in S3 with a
-manifest naming both.
+manifest naming both; the coordinator's analysis Job writes the report beside it and the Grafana
+annotation links that report.
 
 The trainer and the gateway calls are tests/cluster/workload.py's."""
 
 from __future__ import annotations
 
+import html
 import json
 import urllib.request
 
 import pytest
 
 from .harness import NS, REPO, forbidden_in_logs, wait_until
-from .workload import JOB, armed_namespace, call, gateway, start_trainer
+from .workload import JOB, armed_namespace, call, capture_status, gateway, start_capture, start_trainer, wait_converged
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -74,15 +76,17 @@ def test_exporter_series_carry_the_trainers_pod_container_and_job(trainer):
     assert labels["gpulens_workload"] == f"job/{JOB}"
 
 
-def test_a_capture_through_the_gateway_service_archives_both_ranks(trainer, api, s3):
+@pytest.fixture(scope="module")
+def gateway_capture(trainer, api) -> dict:
+    """One capture asked of the gateway Service, waited on until it converged (or failed): its status."""
+    ns, _ = trainer
+    return wait_converged(api, start_capture(api, ns, 1500))
+
+
+def test_a_capture_through_the_gateway_service_archives_both_ranks(trainer, s3, gateway_capture):
     ns, pod = trainer
-    base, token = gateway(api)
-    # The coordinator learns the workers from the API and the agent; retry until it is ready.
-    started = wait_until("capture accepted by the gateway", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
-        call(f"{base}/v1/captures?namespace={ns}", token, {"job_id": JOB, "duration_ms": 1500})), 240, 2)
-    cid = started["capture_id"]
-    done = wait_until("capture converged", lambda: (lambda r: r[1].get("phase") in ("converged", "failed") and r[1])(
-        call(f"{base}/v1/captures/{cid}", token)), 300, 1)
+    done = gateway_capture
+    cid = done["capture_id"]
     assert done["phase"] == "converged" and done["fully_succeeded"], json.dumps(done)[:3000]
     assert done["counts"] == {"archived": 2}, done["counts"]
     uri = done["manifest_uri"]
@@ -97,6 +101,88 @@ def test_a_capture_through_the_gateway_service_archives_both_ranks(trainer, api,
         assert art["pod"] == pod.metadata.name
         b, _, k = art["uri"].removeprefix("s3://").partition("/")
         assert cli.head_object(Bucket=b, Key=k)["ContentLength"] == art["size"]
+
+
+ANALYSIS = "app.kubernetes.io/component=analysis"
+
+
+def _log(api, pod: str, ns: str, container: str) -> str:
+    """A container's log as text (this client's preloaded answer is the bytes' repr, one line)."""
+    return api.read_namespaced_pod_log(pod, ns, container=container, _preload_content=False).data.decode()
+
+
+def _analysis_pods(api, ns: str) -> list:
+    return api.list_namespaced_pod(ns, label_selector=ANALYSIS).items
+
+
+def test_the_capture_is_analysed_by_a_job_and_its_grafana_annotation_links_the_report(
+        trainer, api, s3, grafana, gateway_capture):
+    """`--analysis job` (the chart's default): the converged capture's `gpulens analyze` runs as a
+    Job in the trainer's namespace (unarmed, the coordinator's ServiceAccount, the archive Secret),
+    writes its report beside the manifest, and the coordinator's Grafana annotation links it."""
+    from kubernetes import client
+    from capture.annotations.render import capture_tags
+    from capture.coordinator.analysis_job import analysis_job_name, label_value, report_uri_of
+    ns, _ = trainer
+    cid, manifest_uri = gateway_capture["capture_id"], gateway_capture["manifest_uri"]
+    status = wait_until("the capture's analysis finished", lambda: (
+        lambda st: st.get("analysis", {}).get("state") in ("done", "failed", "skipped", "disabled") and st)(
+        capture_status(api, cid)), 900, 2)
+    analysis = status["analysis"]
+    assert analysis["state"] == "done" and analysis.get("exit_code") == 0, json.dumps(status)[:3000]
+    # The report sits under the capture's own prefix (beside its manifest), and both files are in S3.
+    report = status["report_uri"]
+    assert report == analysis["report_uri"] == report_uri_of(manifest_uri), (report, manifest_uri)
+    prefix = manifest_uri.rsplit("/", 1)[0] + "/"
+    assert report.startswith(prefix) and cid in prefix, (report, prefix)
+    bucket, _, key = report.removeprefix("s3://").partition("/")
+    cli = s3.client()
+    html_body = cli.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+    assert "<html" in html_body.lower() and cid in html_body
+    summary = json.loads(cli.get_object(Bucket=bucket, Key=key.replace("report.html", "summary.json"))["Body"].read())
+    assert summary["capture"]["capture_id"] == cid, list(summary)[:20]
+
+    # The Job: named for (job, attempt, capture), labelled for this capture, in the trainer's namespace.
+    name = analysis_job_name(JOB, int(status["attempt"]), cid)
+    assert analysis["job"] == name
+    jobs = client.BatchV1Api(api.api_client).list_namespaced_job(
+        ns, label_selector=f"{ANALYSIS},gpulens.dev/capture-id={label_value(cid)}").items
+    assert [j.metadata.name for j in jobs] == [name]
+    (job,) = jobs
+    assert job.status.succeeded == 1 and not job.status.failed, job.status
+    assert any(c.type == "Complete" and c.status == "True" for c in job.status.conditions or []), job.status
+    assert job.metadata.owner_references and job.metadata.owner_references[0].kind == "CaptureCoordinator"
+    # Its pod: not armed (no hook, the webhook's selector skipped it), the coordinator's ServiceAccount.
+    pods = [p for p in _analysis_pods(api, ns) if (p.metadata.labels or {}).get("job-name") == name]
+    assert len(pods) == 1, [p.metadata.name for p in _analysis_pods(api, ns)]
+    (pod,) = pods
+    assert pod.status.phase == "Succeeded", pod.status
+    assert pod.metadata.labels.get("gpulens.dev/armed") == "false", pod.metadata.labels
+    assert not pod.spec.init_containers, [c.name for c in pod.spec.init_containers]
+    assert all("GPULENS_REGISTRY_DIR" not in {e.name for e in c.env or []} for c in pod.spec.containers)
+    (coord,) = api.list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=coordinator").items
+    assert pod.spec.service_account_name == coord.spec.service_account_name
+    pod_log = _log(api, pod.metadata.name, ns, "analyze")
+    assert report in pod_log.splitlines(), pod_log[-3000:]        # `gpulens analyze` printed the report URI
+
+    # The coordinator only made the Job: its log has the Job's events, never an analysis child process.
+    coord_log = _log(api, coord.metadata.name, ns, "coordinator")
+    mine = [line for line in coord_log.splitlines() if f"capture_id={cid}" in line and "event=analysis." in line]
+    assert any("event=analysis.job_created" in line for line in mine), mine
+    assert any("event=analysis.finished" in line and "state=done" in line for line in mine), mine
+    assert all(f"job={name}" in line for line in mine), mine      # the child-process runner names no Job
+
+    # Grafana (the double, which checked the README's token on every call): one annotation for the
+    # capture, with the coordinator's tags, its text naming and linking the report.
+    tags = capture_tags(status)
+    assert f"capture:{cid}" in tags and f"namespace:{ns}" in tags
+    href = f'href="{html.escape(report, quote=True)}"'
+    found = wait_until("the annotation links the report", lambda: (
+        lambda anns: anns and any(href in a["text"] for a in anns) and anns)(grafana.search(f"capture:{cid}")), 120, 1)
+    assert len(found) == 1, found
+    (ann,) = found
+    assert set(tags) <= set(ann["tags"]), (tags, ann["tags"])
+    assert cid in ann["text"] and ann["timeEnd"] >= ann["time"] > 0, ann
 
 
 def test_a_coordinator_pod_deleted_mid_capture_is_recreated_and_nothing_is_lost(trainer, api, s3):
@@ -134,6 +220,7 @@ def test_a_coordinator_pod_deleted_mid_capture_is_recreated_and_nothing_is_lost(
 
 
 def test_the_whole_loop_ran_without_a_403(trainer, api):
-    """With the chart's ServiceAccounts: the release's pods and the job's coordinator Pods."""
+    """With the chart's ServiceAccounts: the release's pods and the job's coordinator and analysis Pods."""
     ns, _ = trainer
+    assert _analysis_pods(api, ns), "no analysis Job pod in the namespace: its log would go unchecked"
     assert {**forbidden_in_logs(api, NS), **forbidden_in_logs(api, ns)} == {}
