@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from .harness import NS, REPO, forbidden_in_logs, wait_until
+from .harness import NS, REPO, forbidden_in_logs, pod_log, wait_until
 from .workload import JOB, armed_namespace, call, capture_status, gateway, start_capture, start_trainer, wait_converged
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
@@ -106,11 +106,6 @@ def test_a_capture_through_the_gateway_service_archives_both_ranks(trainer, s3, 
 ANALYSIS = "app.kubernetes.io/component=analysis"
 
 
-def _log(api, pod: str, ns: str, container: str) -> str:
-    """A container's log as text (this client's preloaded answer is the bytes' repr, one line)."""
-    return api.read_namespaced_pod_log(pod, ns, container=container, _preload_content=False).data.decode()
-
-
 def _analysis_pods(api, ns: str) -> list:
     return api.list_namespaced_pod(ns, label_selector=ANALYSIS).items
 
@@ -162,11 +157,11 @@ def test_the_capture_is_analysed_by_a_job_and_its_grafana_annotation_links_the_r
     assert all("GPULENS_REGISTRY_DIR" not in {e.name for e in c.env or []} for c in pod.spec.containers)
     (coord,) = api.list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=coordinator").items
     assert pod.spec.service_account_name == coord.spec.service_account_name
-    pod_log = _log(api, pod.metadata.name, ns, "analyze")
+    pod_log = pod_log(api, ns, pod.metadata.name, "analyze")
     assert report in pod_log.splitlines(), pod_log[-3000:]        # `gpulens analyze` printed the report URI
 
     # The coordinator only made the Job: its log has the Job's events, never an analysis child process.
-    coord_log = _log(api, coord.metadata.name, ns, "coordinator")
+    coord_log = pod_log(api, ns, coord.metadata.name, "coordinator")
     mine = [line for line in coord_log.splitlines() if f"capture_id={cid}" in line and "event=analysis." in line]
     assert any("event=analysis.job_created" in line for line in mine), mine
     assert any("event=analysis.finished" in line and "state=done" in line for line in mine), mine
