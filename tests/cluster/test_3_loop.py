@@ -157,8 +157,8 @@ def test_the_capture_is_analysed_by_a_job_and_its_grafana_annotation_links_the_r
     assert all("GPULENS_REGISTRY_DIR" not in {e.name for e in c.env or []} for c in pod.spec.containers)
     (coord,) = api.list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=coordinator").items
     assert pod.spec.service_account_name == coord.spec.service_account_name
-    pod_log = pod_log(api, ns, pod.metadata.name, "analyze")
-    assert report in pod_log.splitlines(), pod_log[-3000:]        # `gpulens analyze` printed the report URI
+    job_log = pod_log(api, ns, pod.metadata.name, "analyze")
+    assert report in job_log.splitlines(), job_log[-3000:]        # `gpulens analyze` printed the report URI
 
     # The coordinator only made the Job: its log has the Job's events, never an analysis child process.
     coord_log = pod_log(api, ns, coord.metadata.name, "coordinator")
