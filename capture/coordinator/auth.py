@@ -45,6 +45,16 @@ class SecretFile:
         return self._value
 
     @classmethod
+    def optional(cls, path: str | Path, on_missing: Callable[[Path], None]) -> "SecretFile":
+        """A secret a side effect needs (Grafana's token): missing at start-up it is reported
+        through `on_missing` and read again on every use, so adding it later (a Secret's new key
+        reaches a mounted volume) needs no restart, and its absence never stops captures."""
+        sf = cls(Path(path))
+        if not sf.read():
+            on_missing(sf.path)
+        return sf
+
+    @classmethod
     def required(cls, path: str | Path) -> "SecretFile":
         """A secret that must exist and be non-empty at start-up (fail fast on a wrong mount)."""
         sf = cls(Path(path))

@@ -133,7 +133,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
                                             agents=agents, agent_client=client)
         sink = None
         if args.grafana_url:
-            token = SecretFile.required(args.grafana_token_file) if args.grafana_token_file else None
+            # Annotations are a side effect: a missing token is a visible annotation failure
+            # (401, state `retrying`), never a coordinator that cannot start and capture.
+            token = SecretFile.optional(args.grafana_token_file, lambda p: log.warning(
+                "annotations.token_missing", path=str(p), grafana_url=args.grafana_url,
+                detail="annotations are refused until the file has the token")) if args.grafana_token_file else None
             sink = GrafanaSink(session, args.grafana_url, token, org_id=args.grafana_org_id)
         elif args.annotations_file:
             sink = FileSink(args.annotations_file)

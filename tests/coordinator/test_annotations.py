@@ -124,6 +124,35 @@ async def test_a_wrong_grafana_token_is_a_visible_annotation_failure(tmp_path, h
     assert grafana.annotations == {}
 
 
+async def test_a_grafana_token_missing_at_start_is_reported_then_used_once_it_appears(tmp_path, http):
+    """The chart's tokens Secret may get its `grafana` key after coordinators exist: captures go on,
+    the annotation waits visibly (401), and the token is used as soon as the file has it."""
+    write_job(tmp_path / "registry", pods={"train-0": ("node-a", 0)}, local_world_size=1)
+    tok, missing = tmp_path / "tokens" / "grafana", []
+    token = SecretFile.optional(tok, missing.append)
+    assert missing == [tok] and token.read() == ""
+    grafana = GrafanaDouble(GRAFANA_TOKEN)
+    async with RunningAgent(AgentDouble("node-a", AGENT_TOKEN)) as a, RunningGrafana(grafana) as g:
+        sink = GrafanaSink(http, g.url, token, timeout_s=2.0)
+        c = make_coordinator(tmp_path, http, {"node-a": a.url}, annotations=sink)
+        rec, _ = c.start(alert_request())
+        await c.wait(rec.capture_id)
+        assert rec.fully_succeeded and rec.annotation["state"] == "retrying" and "401" in rec.annotation["error"]
+        assert grafana.annotations == {}
+        tok.parent.mkdir()
+        tok.write_text(GRAFANA_TOKEN + "\n")
+        assert await c._syncs[rec.capture_id].wait_synced(10)
+        await c.close()
+    (ann,) = grafana.annotations.values()
+    assert rec.capture_id in " ".join(ann["tags"]) + ann["text"]
+
+
+def test_a_present_grafana_token_is_not_reported_missing(tmp_path):
+    tok, missing = tmp_path / "grafana", []
+    tok.write_text("glsa_x")
+    assert SecretFile.optional(tok, missing.append).read() == "glsa_x" and missing == []
+
+
 async def test_file_sink_keeps_every_annotation_of_concurrent_coordinators(tmp_path):
     path = tmp_path / "state" / "annotations.json"
     sinks = [FileSink(path) for _ in range(4)]       # like four coordinators of `gpulens up`

@@ -186,3 +186,38 @@ async def test_a_restarted_coordinator_answers_its_finished_captures_from_the_ar
     # what the first process kept lists it after the restart
     assert (tmp_path / "state" / "captures" / f"{cid}.json").exists()
     assert "event=coordinator.ready" in (tmp_path / "c2.log").read_text()
+
+
+async def test_a_coordinator_whose_grafana_token_is_missing_still_starts_and_captures(tmp_path, token_file):
+    """The operator mounts the chart's tokens Secret; before a user adds its `grafana` key the file
+    is absent. That must cost annotations only (said once at start), never the job's captures."""
+    write_job(tmp_path / "registry", pods={"train-0": ("node-a", 0)}, local_world_size=1)
+    agent_token = tmp_path / "agent.token"
+    agent_token.write_text(AGENT_TOKEN)
+    from tests.conftest import free_port
+    port = free_port()
+    async with RunningAgent(AgentDouble("node-a", AGENT_TOKEN)) as agent:
+        args = ["coordinator", "--listen", f"127.0.0.1:{port}", "--job", "train", "--attempt", "0",
+                "--namespace", "ml", "--discovery", "local", "--registry-dir", str(tmp_path / "registry"),
+                "--agent-url", agent.url, "--archive-root", f"file://{tmp_path / 'archive'}",
+                "--token-file", str(token_file), "--agent-token-file", str(agent_token),
+                "--grafana-url", "http://127.0.0.1:1", "--grafana-token-file", str(tmp_path / "tokens" / "grafana"),
+                "--start-delay-s", "0.5", "--archive-margin-s", "1", "--report-margin-s", "1", "--poll-interval-s", "0.1"]
+        url = f"http://127.0.0.1:{port}"
+        proc = await GpulensProcess(args, tmp_path / "c.log").start()
+        try:
+            await proc.wait_ready(url)
+            async with aiohttp.ClientSession() as http:
+                _, answer = await post(http, url, {"job_id": "train", "duration_ms": 200})
+                cid = answer["capture_id"]
+                while True:
+                    async with http.get(url + f"/v1/captures/{cid}", headers=AUTH) as r:
+                        body = await r.json()
+                    if body["phase"] in ("converged", "failed"):
+                        break
+                    await asyncio.sleep(0.1)
+        finally:
+            assert await proc.stop() == 0
+    assert body["phase"] == "converged" and body["fully_succeeded"], body
+    log = (tmp_path / "c.log").read_text()
+    assert log.count("event=annotations.token_missing") == 1, log[-2000:]
