@@ -141,6 +141,16 @@ async def test_cancel_and_unknown_ids(api, http):
             assert r.status == 404 and (await r.json())["phase"] == "unknown", path
 
 
+def _process_args(tmp_path, port, agent_url, token_file, agent_token, *extra: str) -> list[str]:
+    """`gpulens coordinator` for a real process over the local registry and one agent double."""
+    return ["coordinator", "--listen", f"127.0.0.1:{port}", "--job", "train", "--attempt", "0",
+            "--namespace", "ml", "--discovery", "local", "--registry-dir", str(tmp_path / "registry"),
+            "--agent-url", agent_url, "--archive-root", f"file://{tmp_path / 'archive'}",
+            "--token-file", str(token_file), "--agent-token-file", str(agent_token),
+            "--start-delay-s", "0.5", "--archive-margin-s", "1", "--report-margin-s", "1",
+            "--poll-interval-s", "0.1", *extra]
+
+
 async def test_a_restarted_coordinator_answers_its_finished_captures_from_the_archive(tmp_path, token_file):
     """A real process restart: what it ran before comes back from the archive (marked), not `unknown`;
     an id it never started stays unknown. Details of the archived answer: test_archived.py."""
@@ -150,12 +160,7 @@ async def test_a_restarted_coordinator_answers_its_finished_captures_from_the_ar
     from tests.conftest import free_port
     port = free_port()
     async with RunningAgent(AgentDouble("node-a", AGENT_TOKEN)) as agent:
-        args = ["coordinator", "--listen", f"127.0.0.1:{port}", "--job", "train", "--attempt", "0",
-                "--namespace", "ml", "--discovery", "local", "--registry-dir", str(tmp_path / "registry"),
-                "--agent-url", agent.url, "--archive-root", f"file://{tmp_path / 'archive'}",
-                "--token-file", str(token_file), "--agent-token-file", str(agent_token),
-                "--start-delay-s", "0.5", "--archive-margin-s", "1", "--report-margin-s", "1",
-                "--poll-interval-s", "0.1", "--state-dir", str(tmp_path / "state")]
+        args = _process_args(tmp_path, port, agent.url, token_file, agent_token, "--state-dir", str(tmp_path / "state"))
         url = f"http://127.0.0.1:{port}"
         first = await GpulensProcess(args, tmp_path / "c1.log").start()
         try:
@@ -197,12 +202,8 @@ async def test_a_coordinator_whose_grafana_token_is_missing_still_starts_and_cap
     from tests.conftest import free_port
     port = free_port()
     async with RunningAgent(AgentDouble("node-a", AGENT_TOKEN)) as agent:
-        args = ["coordinator", "--listen", f"127.0.0.1:{port}", "--job", "train", "--attempt", "0",
-                "--namespace", "ml", "--discovery", "local", "--registry-dir", str(tmp_path / "registry"),
-                "--agent-url", agent.url, "--archive-root", f"file://{tmp_path / 'archive'}",
-                "--token-file", str(token_file), "--agent-token-file", str(agent_token),
-                "--grafana-url", "http://127.0.0.1:1", "--grafana-token-file", str(tmp_path / "tokens" / "grafana"),
-                "--start-delay-s", "0.5", "--archive-margin-s", "1", "--report-margin-s", "1", "--poll-interval-s", "0.1"]
+        args = _process_args(tmp_path, port, agent.url, token_file, agent_token, "--grafana-url", "http://127.0.0.1:1",
+                             "--grafana-token-file", str(tmp_path / "tokens" / "grafana"))
         url = f"http://127.0.0.1:{port}"
         proc = await GpulensProcess(args, tmp_path / "c.log").start()
         try:
