@@ -151,6 +151,18 @@ def _process_args(tmp_path, port, agent_url, token_file, agent_token, *extra: st
             "--poll-interval-s", "0.1", *extra]
 
 
+async def _capture_until_done(http, url: str) -> tuple[str, dict]:
+    """Start a 200 ms capture and poll its status until it is converged or failed."""
+    _, answer = await post(http, url, {"job_id": "train", "duration_ms": 200})
+    cid = answer["capture_id"]
+    while True:
+        async with http.get(url + f"/v1/captures/{cid}", headers=AUTH) as r:
+            body = await r.json()
+        if body["phase"] in ("converged", "failed"):
+            return cid, body
+        await asyncio.sleep(0.1)
+
+
 async def test_a_restarted_coordinator_answers_its_finished_captures_from_the_archive(tmp_path, token_file):
     """A real process restart: what it ran before comes back from the archive (marked), not `unknown`;
     an id it never started stays unknown. Details of the archived answer: test_archived.py."""
@@ -166,13 +178,8 @@ async def test_a_restarted_coordinator_answers_its_finished_captures_from_the_ar
         try:
             await first.wait_ready(url)
             async with aiohttp.ClientSession() as http:
-                status, answer = await post(http, url, {"job_id": "train", "duration_ms": 200})
-                cid = answer["capture_id"]
-                while True:
-                    async with http.get(url + f"/v1/captures/{cid}", headers=AUTH) as r:
-                        if (await r.json())["phase"] == "converged":
-                            break
-                    await asyncio.sleep(0.1)
+                cid, done = await _capture_until_done(http, url)
+                assert done["phase"] == "converged", done
         finally:
             assert await first.stop() == 0
         second = await GpulensProcess(args, tmp_path / "c2.log").start()
@@ -209,14 +216,7 @@ async def test_a_coordinator_whose_grafana_token_is_missing_still_starts_and_cap
         try:
             await proc.wait_ready(url)
             async with aiohttp.ClientSession() as http:
-                _, answer = await post(http, url, {"job_id": "train", "duration_ms": 200})
-                cid = answer["capture_id"]
-                while True:
-                    async with http.get(url + f"/v1/captures/{cid}", headers=AUTH) as r:
-                        body = await r.json()
-                    if body["phase"] in ("converged", "failed"):
-                        break
-                    await asyncio.sleep(0.1)
+                _, body = await _capture_until_done(http, url)
         finally:
             assert await proc.stop() == 0
     assert body["phase"] == "converged" and body["fully_succeeded"], body
