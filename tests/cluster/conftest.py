@@ -1,4 +1,6 @@
-"""The session's real cluster: brought up once for every test marked `cluster`, taken down at the end.
+"""The cluster tests' real cluster: brought up once for the tests under tests/cluster and taken
+down when the last of them ends (package scope: the tests after them must not share the machine
+with a control plane, Prometheus and trainers they do not use).
 
 Needs root (network, cgroups, containerd). Off CI a machine that cannot run it skips these tests;
 under CI=true that is a failure (the cluster is a required real component)."""
@@ -41,7 +43,7 @@ class Cluster:
 REUSE = os.environ.get("GPULENS_CLUSTER_REUSE") == "1" and os.environ.get("CI") != "true"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Cluster:
     if os.geteuid() != 0:
         if os.environ.get("CI") == "true":
@@ -63,13 +65,13 @@ def cluster() -> Cluster:
     down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def api(cluster: Cluster):
     from kubernetes import client, config
     return client.CoreV1Api(config.new_client_from_config(config_file=cluster.kubeconfig))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def toolbox(cluster, tmp_path_factory) -> str:
     """A busybox image built from Debian's busybox-static (no registry here), loaded into the node."""
     out = tmp_path_factory.mktemp("toolbox") / "toolbox.tar"
@@ -80,7 +82,7 @@ def toolbox(cluster, tmp_path_factory) -> str:
     return TOOLBOX
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gpulens_image(cluster, tmp_path_factory) -> str:
     """The image/ room's image, built (cached by its context hash) and imported into the node."""
     if not (REPO / "image" / "build.sh").exists():
@@ -110,7 +112,7 @@ class S3:
                             region_name=S3_CREDS["AWS_DEFAULT_REGION"])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def s3(cluster):
     """A moto S3 server (a real S3 wire protocol server) on the node's bridge address, where the
     agent and coordinator pods reach it: the archive of the loop tests."""
@@ -179,7 +181,7 @@ class Grafana:
             return json.loads(r.read())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def grafana(cluster):
     """The annotations target of the coordinators (the README's `grafana.url`)."""
     server = Grafana(GRAFANA_TOKEN).start()
@@ -189,7 +191,7 @@ def grafana(cluster):
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def release(cluster, api, gpulens_image, s3, grafana):
     """The chart installed once per session by the README's own lines (values file, kubectl and
     helm commands: tests/cluster/readme_install.py), archiving to the S3 server and annotating the
@@ -287,7 +289,7 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def monitoring(cluster, api, release, tmp_path_factory) -> Monitor:
     """Debian's prometheus and prometheus-alertmanager on 127.0.0.1, configured by
     cluster/monitoring.py as a chart user without the Operator would: pod discovery as a read-only
