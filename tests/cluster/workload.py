@@ -56,7 +56,9 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     command = ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29500",
                "-m", "gpulens.up.demo_trainer", "--libcuda", str(libcuda),
                "--control", "/control/incident" if control_dir else "/tmp/incident",
-               "--kernels", "10", "--h2d-bytes", "65536", "--copy-floats", "1024"]
+               "--kernels", "10", "--h2d-bytes", "65536", "--copy-floats", "1024",
+               # the in-cluster alert tests were measured with this (the demo's default is now 128 MiB)
+               "--sync-copy-bytes", str(64 << 20)]
     if fail_attempt_0:
         command = ["sh", "-c", FAIL_ATTEMPT_0, "sh", *command]
     return {
