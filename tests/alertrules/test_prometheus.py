@@ -18,6 +18,7 @@ import pytest
 
 from alertrules import generate, promql
 from dashboards import build
+from tests import rule_signals
 from tests.conftest import free_port
 
 from . import prom
@@ -113,6 +114,13 @@ def test_host_sync_incident_fires_host_sync_and_nothing_else(stack):
         "gpulens_job": "llama-ft"}          # the exporter's job label reaches the alert (gateway routing)
     assert alert["annotations"]["dashboard_url"].endswith("var-namespace=ml&var-pod=trainer-0")
     assert alert["annotations"]["runbook_url"].endswith("/host_sync.md")
+    # The failure messages of the e2e and cluster alert tests name the signals by these recorded
+    # series: each must exist (a renamed rule would leave those messages silently empty).
+    described = rule_signals.describe(base, "ml").splitlines()
+    for name in rule_signals.SIGNALS:
+        assert any(line.startswith(f"{name} {{") for line in described), (name, described)
+    assert any(line.startswith("demand/baseline {") and "pod=trainer-0" in line for line in described), described
+    assert "unreadable" not in "\n".join(described)
 
 
 @pytest.mark.timeout(180)

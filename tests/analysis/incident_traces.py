@@ -25,9 +25,9 @@ def main(out: Path, incident: str, steps: int = 8) -> None:
     loader = iter(batches(str(control), 20.0, {}))
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    # 64 MB (the demo trainer's --copy-floats default): against the 20 ms loader wait the copy
-    # is then ~20-35 % of a step (measured: 21, 25, 36 %; with 16 MB: 17, 5.5, 6.8 %), far from the verdict's 5 % line. With 16 MB it was ~1 ms, 4-6 %,
-    # and a loaded machine put it on either side (seen: 4.3 %, "inconclusive", in a full run).
+    # 64 MB (the demo trainer's --copy-floats default): against the 20 ms loader wait the copy is
+    # then 20-35 % of a step (measured: 21, 25, 36 %), far from the verdict's 5 % line. With 16 MB
+    # it was 4-17 %, and a loaded full run put it under the line (4.3 %, "inconclusive").
     activations = torch.randn(16 << 20)
     snapshot = torch.empty_like(activations)
 

@@ -193,7 +193,7 @@ def grafana(cluster):
 
 @pytest.fixture(scope="package")
 def release(cluster, api, gpulens_image, s3, grafana):
-    """The chart installed once per session by the README's own lines (values file, kubectl and
+    """The chart installed once for the cluster tests by the README's own lines (values file, kubectl and
     helm commands: tests/cluster/readme_install.py), archiving to the S3 server and annotating the
     Grafana double.
 

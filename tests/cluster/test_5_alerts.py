@@ -19,6 +19,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests import rule_signals
+
 from .conftest import WRONG_TOKEN_LABEL
 from .harness import NS, STATE, forbidden_in_logs, pod_log, pod_logs, wait_until
 from .workload import JOB, armed_namespace, call, start_trainer
@@ -150,29 +152,7 @@ def fired(trainer, monitoring, api) -> dict:
     try:
         return wait_until(f"{ALERT} firing", firing, 600, 2)
     except AssertionError as e:
-        raise AssertionError(f"{e}\n{_signals(monitoring, trainer.namespace)}") from None
-
-
-#: The rule signals that decide which workload alert fires: shown when none fires, so the failure
-#: says which one was off (a run once had a baseline blocked share of 1.05 that host_sync only
-#: raised to 1.24, under the rules' 1.5x).
-SIGNALS = ("namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
-           "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
-           "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m",
-           "namespace_pod_direction:gpulens_memcpy_bytes:rate5m")
-
-
-def _signals(monitoring, namespace: str) -> str:
-    lines = []
-    for expr in SIGNALS:
-        try:
-            series = _query(monitoring, f'{expr}{{namespace="{namespace}"}}[3m:15s]')
-        except Exception as e:  # noqa: BLE001 - the message must not hide the timeout
-            series, lines = [], [*lines, f"{expr}: unreadable ({e!r})"]
-        for r in series:
-            where = ",".join(f"{k}={v}" for k, v in sorted(r["metric"].items()) if k in ("pod", "direction"))
-            lines.append(f"{expr}{{{where}}}: " + " ".join(f"{float(v):.3g}" for _, v in r["values"]))
-    return "\n".join(lines)
+        raise AssertionError(f"{e}\n{rule_signals.describe(monitoring.prometheus, trainer.namespace)}") from None
 
 
 def test_the_induced_incident_fires_the_diagnosed_alert_for_the_trainers_pod(fired, trainer, monitoring):

@@ -151,15 +151,18 @@ def _process_args(tmp_path, port, agent_url, token_file, agent_token, *extra: st
             "--poll-interval-s", "0.1", *extra]
 
 
-async def _capture_until_done(http, url: str) -> tuple[str, dict]:
-    """Start a 200 ms capture and poll its status until it is converged or failed."""
+async def _capture_until_done(http, url: str, timeout: float = 60) -> tuple[str, dict]:
+    """Start a 200 ms capture and poll its status until it is converged or failed (failing with
+    its last status, not the suite's timeout, if it is neither within `timeout`)."""
     _, answer = await post(http, url, {"job_id": "train", "duration_ms": 200})
     cid = answer["capture_id"]
+    deadline = asyncio.get_running_loop().time() + timeout
     while True:
         async with http.get(url + f"/v1/captures/{cid}", headers=AUTH) as r:
             body = await r.json()
         if body["phase"] in ("converged", "failed"):
             return cid, body
+        assert asyncio.get_running_loop().time() < deadline, f"capture {cid} not done after {timeout}s: {body}"
         await asyncio.sleep(0.1)
 
 

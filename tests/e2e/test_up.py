@@ -27,6 +27,7 @@ import pytest
 
 from capture import schemas
 from gpulens.up.layout import Ports
+from tests import rule_signals
 from tests.conftest import missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -162,33 +163,6 @@ def assert_capture_plane_scraped(ports: Ports) -> None:
     assert prometheus_query(ports, 'gpulens_agent_targets_total{job="gpulens-agent",outcome="archived"} >= 1')
 
 
-#: The rule signals that decide which workload alert fires (alertrules/rules): shown when a test
-#: finds the wrong one, so a failure says which signal was off, not only which alert came.
-SIGNALS = {
-    "demand/baseline": "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
-    "blocked share": "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
-    "blocked share baseline": "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m",
-    "bytes/s": "namespace_pod_direction:gpulens_memcpy_bytes:rate5m",
-    "bytes/s baseline": "namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m",
-}
-
-
-def signals(ports: Ports) -> str:
-    """The signals over the last 3 minutes (15 s steps), one line per series."""
-    lines = []
-    for name, expr in SIGNALS.items():
-        url = f"http://127.0.0.1:{ports.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": f"{expr}[3m:15s]"})
-        try:
-            result = get_json(url)["data"]["result"]
-        except Exception as e:                      # the message must not hide the assertion
-            lines.append(f"{name}: unreadable ({e})")
-            continue
-        for r in result:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(r["metric"].items()) if k in ("pod", "direction", "gpulens_workload"))
-            lines.append(f"{name} {{{labels}}}: " + " ".join(f"{float(v):.3g}" for _, v in r["values"]))
-    return "\n".join(lines)
-
-
 def summary_of(workdir: Path, capture: dict) -> dict:
     summary = json.loads((workdir / "archive" / capture["report"]).with_name("summary.json").read_text())
     schemas.validate("summary", summary)
@@ -207,7 +181,7 @@ def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
         assert text.index("has its baseline") < text.index("inducing incident 'host_sync'"), text[-4000:]
         assert "replacing pod demo/demo-trainer-0 with demo/demo-trainer-1" in text, text[-4000:]
         assert "alert firing: GPUWorkloadHostSync diagnosis=host_sync demo/demo-trainer-1" in text, \
-            text[-4000:] + "\n" + signals(ports)
+            text[-4000:] + "\n" + rule_signals.describe(f"http://127.0.0.1:{ports.prometheus}")
         assert not any(f"diagnosis={d}" in text for d in ("noisy_neighbor", "input_starvation", "unclassified"))
         # the capture covered both ranks of the new pod with real, verified, archived Kineto traces
         manifest = json.loads((workdir / "archive" / capture["manifest"]).read_text())
@@ -245,7 +219,7 @@ def test_input_starvation_in_a_new_pod_is_diagnosed_and_host_sync_is_not_support
         text = log_path.read_text()
         assert "replacing pod demo/demo-trainer-0 with demo/demo-trainer-1" in text, text[-4000:]
         assert "alert firing: GPUWorkloadInputStarvation diagnosis=input_starvation demo/demo-trainer-1" in text, \
-            text[-4000:] + "\n" + signals(ports)
+            text[-4000:] + "\n" + rule_signals.describe(f"http://127.0.0.1:{ports.prometheus}")
         assert not any(f"diagnosis={d}" in text for d in ("noisy_neighbor", "host_sync", "unclassified"))
         v = summary_of(workdir, capture)["verdict"]
         assert v["diagnosis"] == "input_starvation"
