@@ -18,6 +18,8 @@ from pathlib import Path
 from .harness import NS, REPO, STATE, wait_until
 
 JOB = "trainer"
+#: the trainer container's CPU request (Burstable QoS; see trainer_job)
+TRAINER_CPU_REQUEST = "250m"
 #: Exits 1 when the pod's attempt (GPULENS_ATTEMPT, from the webhook's `gpulens.dev/attempt` label)
 #: is 0, else runs the trainer: the first pod of a Job fails, its replacement trains.
 FAIL_ATTEMPT_0 = 'if [ "${GPULENS_ATTEMPT:-0}" = 0 ]; then echo "attempt 0: failing on purpose"; exit 1; fi; exec "$@"'
@@ -71,6 +73,12 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
                         {"name": "LD_LIBRARY_PATH", "value": str(libcuda.parent)},
                         {"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
                 "securityContext": {"runAsUser": 0},
+                # A CPU request, as every real training pod has: without one the pod is BestEffort,
+                # whose cgroup gets cpu.shares=2 against the host's 1024, so whenever anything else
+                # on the 2-core node is busy each wake-up waits long and the blocked share goes to
+                # ~0.5 per rank at baseline (a clean-clone run: 1.05 for two ranks, against 0.086
+                # quiet), leaving host_sync no room to show.
+                "resources": {"requests": {"cpu": TRAINER_CPU_REQUEST}},
                 "volumeMounts": [{"name": n, "mountPath": mount_paths.get(n, p), "readOnly": True} for n, p in mounts]}],
             "volumes": [{"name": n, "hostPath": {"path": p, "type": "Directory"}} for n, p in mounts]}}}}
 
@@ -92,7 +100,10 @@ def start_trainer(api, ns: str, image: str, control_dir: str | None = None):
     from kubernetes import client
     client.BatchV1Api(api.api_client).create_namespaced_job(ns, trainer_job(image, control_dir=control_dir))
     pod = wait_until("trainer pod", lambda: api.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items, 60)[0]
-    return wait_training(api, ns, pod.metadata.name)
+    pod = wait_training(api, ns, pod.metadata.name)
+    # BestEffort would starve it whenever the node is busy (trainer_job): the alert tests need this
+    assert pod.status.qos_class == "Burstable", pod.status.qos_class
+    return pod
 
 
 def gateway(api) -> tuple[str, str]:
