@@ -145,8 +145,18 @@ class Reconciler:
         have_owner = [r.get("uid") for r in (have.get("metadata") or {}).get("ownerReferences") or []]
         if have_sel == want["spec"]["selector"] and have_owner == [cc["metadata"]["uid"]]:
             return []
-        self.api.patch_service(ns, svc, {"metadata": {"ownerReferences": [owner_reference_to(cc, controller=False)]},
-                                         "spec": {"selector": want["spec"]["selector"]}})
+        patched = self.api.patch_service(ns, svc, {
+            "metadata": {"ownerReferences": [owner_reference_to(cc, controller=False)]},
+            "spec": {"selector": want["spec"]["selector"]}})
+        if patched is None:
+            # Gone between the read and the patch: the garbage collector took it because its only
+            # owner, the previous attempt's coordinator, was deleted while no pod was live (a
+            # failed pod before its replacement). Create it, or the job has no Service until the
+            # next resync.
+            created = self.api.create(want) is not None
+            log.info("service.recreated", namespace=ns, service=svc, coordinator=cc["metadata"]["name"],
+                     created=created)
+            return [f"Service/{svc}(recreated)"] if created else []
         log.info("service.handed_over", namespace=ns, service=svc, coordinator=cc["metadata"]["name"])
         return [f"Service/{svc}(handover)"]
 

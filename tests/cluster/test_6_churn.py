@@ -107,8 +107,17 @@ def test_a_replaced_trainer_pod_is_the_next_attempt_with_its_own_coordinator(rel
         (coord,) = wait_until("the attempt-1 coordinator pod Ready", lambda: [
             p for p in api.list_namespaced_pod(ns, label_selector=COORDINATOR_PODS).items
             if (p.metadata.labels or {}).get(L.COORDINATOR_OF) == want and _ready(p)], 300)
-        svc = api.read_namespaced_service(L.service_name(JOB), ns)
-        assert svc.spec.selector == {L.COORDINATOR_OF: want}, svc.spec.selector
+        # the Service is the operator's to keep: wait for it (the garbage collector may take the
+        # attempt-0 one while the operator hands it over; reconcile.py creates it again at once)
+        def service_selector():
+            try:
+                return api.read_namespaced_service(L.service_name(JOB), ns).spec.selector
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+                return None
+        wait_until("the job's Service selecting the attempt-1 coordinator",
+                   lambda: service_selector() == {L.COORDINATOR_OF: want}, 120)
 
         def endpoints():
             subsets = api.read_namespaced_endpoints(L.service_name(JOB), ns).subsets or []

@@ -327,3 +327,37 @@ async def test_last_captures_come_from_the_coordinator_api(cluster, config, coor
         validate(cluster.coordinators("ml")["gpulens-llama-a0"])     # the status fits the CRD schema
     else:
         assert "lastCaptures" not in status          # refused or unreachable: nothing invented
+
+
+class _CollectedAfterRead(KubeApi):
+    """KubeApi whose first read of a Service is followed at once by the garbage collector
+    deleting it (really, through the test API server): the race a clean-clone cluster run hit
+    when a failed pod's coordinator went before the Job's replacement pod came."""
+
+    def __init__(self, api_client):
+        super().__init__(api_client)
+        self.collected: list[str] = []
+
+    def get_service(self, namespace, name):
+        have = super().get_service(namespace, name)
+        if have is not None and not self.collected:
+            self.core.delete_namespaced_service(name, namespace)
+            self.collected.append(name)
+        return have
+
+
+def test_a_service_collected_between_read_and_handover_is_created_again(cluster, config):
+    from kubernetes import client
+    cluster.tokens()
+    job = cluster.job("ml", "llama")
+    cluster.pod("ml", "llama-0", job=job, attempt=0)
+    Reconciler(KubeApi(cluster.api.api_client()), config).reconcile_job("ml", "llama")
+    cluster.pod("ml", "llama-0-r1", job=job, attempt=1)
+    racing = _CollectedAfterRead(cluster.api.api_client())
+    plan = Reconciler(racing, config).reconcile_job("ml", "llama")
+    assert racing.collected == ["gpulens-llama"] and plan.keep == "gpulens-llama-a1"
+    # no resync in between: the handover itself must leave the job with its Service
+    svc = client.CoreV1Api(cluster.api.api_client()).read_namespaced_service("gpulens-llama", "ml").to_dict()
+    assert svc["spec"]["selector"] == {L.COORDINATOR_OF: "gpulens-llama-a1"}
+    new = cluster.coordinators("ml")["gpulens-llama-a1"]
+    assert [r["uid"] for r in svc["metadata"]["owner_references"]] == [new["metadata"]["uid"]]
