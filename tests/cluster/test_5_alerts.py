@@ -166,7 +166,6 @@ def test_the_induced_incident_fires_the_diagnosed_alert_for_the_trainers_pod(fir
     assert others == []
 
 
-@pytest.fixture(scope="module")
 def _log_tail(api, trainer, chars: int = 6000) -> str:
     try:
         return pod_log(api, trainer.namespace, trainer.pod, "trainer")[-chars:]
@@ -174,6 +173,7 @@ def _log_tail(api, trainer, chars: int = 6000) -> str:
         return f"(unreadable: {e!r})"
 
 
+@pytest.fixture(scope="module")
 def alert_capture(fired, trainer, monitoring, api) -> str:
     """The capture the gateway started for the alert (its pod log names it)."""
     pattern = re.compile(rf"event=alert\.capture_started .*alertname={ALERT} job={re.escape(trainer.namespace)}/{JOB} "
