@@ -110,12 +110,8 @@ def test_a_replaced_trainer_pod_is_the_next_attempt_with_its_own_coordinator(rel
         # the Service is the operator's to keep: wait for it (the garbage collector may take the
         # attempt-0 one while the operator hands it over; reconcile.py creates it again at once)
         def service_selector():
-            try:
-                return api.read_namespaced_service(L.service_name(JOB), ns).spec.selector
-            except client.ApiException as e:
-                if e.status != 404:
-                    raise
-                return None
+            items = api.list_namespaced_service(ns, field_selector=f"metadata.name={L.service_name(JOB)}").items
+            return items[0].spec.selector if items else None
         wait_until("the job's Service selecting the attempt-1 coordinator",
                    lambda: service_selector() == {L.COORDINATOR_OF: want}, 120)
 

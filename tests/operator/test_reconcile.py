@@ -346,18 +346,15 @@ class _CollectedAfterRead(KubeApi):
         return have
 
 
-def test_a_service_collected_between_read_and_handover_is_created_again(cluster, config):
-    from kubernetes import client
-    cluster.tokens()
+def test_a_service_collected_between_read_and_handover_is_created_again(cluster, reconciler, config):
     job = cluster.job("ml", "llama")
     cluster.pod("ml", "llama-0", job=job, attempt=0)
-    Reconciler(KubeApi(cluster.api.api_client()), config).reconcile_job("ml", "llama")
+    reconciler.reconcile_job("ml", "llama")
     cluster.pod("ml", "llama-0-r1", job=job, attempt=1)
     racing = _CollectedAfterRead(cluster.api.api_client())
     plan = Reconciler(racing, config).reconcile_job("ml", "llama")
     assert racing.collected == ["gpulens-llama"] and plan.keep == "gpulens-llama-a1"
     # no resync in between: the handover itself must leave the job with its Service
-    svc = client.CoreV1Api(cluster.api.api_client()).read_namespaced_service("gpulens-llama", "ml").to_dict()
+    (svc,) = [s for s in cluster.list("Service", "ml") if s["metadata"]["name"] == "gpulens-llama"]
     assert svc["spec"]["selector"] == {L.COORDINATOR_OF: "gpulens-llama-a1"}
-    new = cluster.coordinators("ml")["gpulens-llama-a1"]
-    assert [r["uid"] for r in svc["metadata"]["owner_references"]] == [new["metadata"]["uid"]]
+    assert _owner_uids(svc) == [cluster.coordinators("ml")["gpulens-llama-a1"]["metadata"]["uid"]]
