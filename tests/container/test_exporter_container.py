@@ -43,7 +43,10 @@ pytestmark = [pytest.mark.container, pytest.mark.root, pytest.mark.slow]
 
 LIB = "/opt/cuda-stub/lib/libcuda.so.1"
 NODE = "test-node"
-WORKLOAD_ARGS = ("--steps", "300", "--kernels", "50", "--kernel-us", "20", "--launch-api", "mix",
+#: 60 us kernels keep the stand-in device the bottleneck, so the blocked time compared below does not
+#: hang on the probe cost (~14-16 us a launch here): with 20 us it was 0.097 s on a fresh VM, under
+#: the 0.1 s the comparison needs; with 60 us, 0.70 s.
+WORKLOAD_ARGS = ("--steps", "300", "--kernels", "50", "--kernel-us", "60", "--launch-api", "mix",
                  "--graphs", "2", "--graph-kernels", "4", "--h2d-bytes", "4096", "--h2d-api", "mix",
                  "--d2h-sync-bytes", "1000", "--d2h-api", "mix", "--d2h-async-bytes", "333",
                  "--sync-every", "2", "--sync-api", "mix")
@@ -239,7 +242,7 @@ def test_exporter_in_container_counts_another_containers_workload_exactly(
         assert _value(s, "gpulens_memcpy_bytes_total", direction="d2h", **labels) == rep["d2h_bytes"]
         assert _value(s, "gpulens_sync_calls_total", **labels) == rep["sync_calls"]
         blocked, own = _value(s, "gpulens_sync_wait_seconds_total", **labels), rep["sync_seconds"]
-        assert own > 0.1
+        assert own > 0.35, own      # the comparison below needs real blocked time to compare
         assert abs(blocked - own) <= 0.05 * own + 40e-6 * rep["sync_calls"], (blocked, own)
         # Attribution went through the container's real cgroup path (libpod-<its id>) and the pod
         # the API names for that id; nothing fell back to a local process name.
