@@ -42,7 +42,7 @@ def test_counts_every_driver_call_exactly(libcuda, workloads, exporter_for, tmp_
     exp = exporter_for(make_config(tmp_path, libcuda, registry_dir=reg))
     # Kernels of 60 us keep the stand-in device the bottleneck: a launch through the probes costs
     # ~14-16 us on these VMs, so with 20 us kernels the queue nearly drained between syncs and the
-    # blocked time (0.21-0.25 s on one fresh VM, ~0.3 s on another) hung on the probe cost. At 60 us
+    # blocked time hung on the probe cost (0.21-0.25 s on a fresh VM, where earlier VMs cleared 0.3 s). At 60 us
     # the 64-deep queue is full at every sync: ~2.0 s blocked, the probe cost a small part of it.
     w = workloads(libcuda, "--steps", "500", "--kernels", "100", "--kernel-us", "60", "--launch-api", "mix",
                   "--graphs", "3", "--graph-kernels", "4", "--h2d-bytes", "4096", "--h2d-api", "mix",
