@@ -382,10 +382,21 @@ class Pipeline:
         self._set(rec, S.ARCHIVED, f"archived to {uri}{note}")  # the local copy goes only once this is on disk (run)
 
     def _drop_local(self, rec: TargetRecord) -> None:
+        """The archived file goes; the capture's folder only once no other target of the capture on
+        this node is unfinished. Kineto opens its file when its trace *starts*, and ranks that fetch
+        the same iteration-aligned config on either side of a round-up multiple start a whole
+        round-up apart: a CI run archived rank 1 and removed the then-empty folder, and rank 0,
+        starting 100 iterations later, could not open its file (ENOENT) and wrote no trace."""
         path = Path(rec.watch_path or "")
         try:
             path.unlink()
-            path.parent.rmdir()  # only succeeds once the capture's folder is empty
+        except OSError:
+            pass
+        if any(not other.status.terminal for other in self.store.capture(rec.capture_id)
+               if other.target_id != rec.target_id):
+            return
+        try:
+            path.parent.rmdir()  # only succeeds when the folder is empty (a failed target's file stays)
         except OSError:
             pass
 

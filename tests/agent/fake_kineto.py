@@ -13,6 +13,8 @@ ACTIVITY_TYPES), `refuse` (fetches the config, then drops it as Kineto does on "
 for warmup": it never turns busy, keeps polling idle, writes no trace, the reason only in its own
 log), `no_file` (traces, busy polls and all, then goes idle without writing a file, as Kineto does
 when its log file cannot be opened or a torch.profiler session cancels the trace).
+`start_gate`: an Event the trace waits for before it opens its file, as a rank whose
+iteration-aligned start comes a round-up later than another rank's does.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from tests.agent.conftest import KinetoPoller, kineto_like_trace
 
 class FakeKineto(threading.Thread):
     def __init__(self, socket_dir: str, job: int, pid: int, *, poll_s: float = 0.1, mode: str = "honest",
-                 trace_delay_s: float = 0.2, path_map: tuple[str, str] | None = None):
+                 trace_delay_s: float = 0.2, path_map: tuple[str, str] | None = None,
+                 start_gate: threading.Event | None = None):
         super().__init__(daemon=True)
         self.poller = KinetoPoller(socket_dir, job, [pid, 1])
         self.pid, self.poll_s, self.mode, self.trace_delay_s = pid, poll_s, mode, trace_delay_s
         self.path_map = path_map
+        self.start_gate = start_gate
+        self.failed: list[BaseException] = []   # what the trace thread raised (e.g. its folder was gone)
         self.configs: list[dict[str, str]] = []
         self.written: list[Path] = []
         self.tracing = False
@@ -64,6 +69,8 @@ class FakeKineto(threading.Thread):
     def _trace(self, cfg: dict[str, str]) -> None:
         try:
             time.sleep(self.trace_delay_s)
+            if self.start_gate is not None and not self.start_gate.wait(60):
+                return
             if self.mode == "no_file":
                 time.sleep(int(cfg.get("ACTIVITIES_DURATION_MSECS", "500")) / 1000)
                 return
@@ -89,5 +96,7 @@ class FakeKineto(threading.Thread):
                 os.unlink(final)  # Kineto removes an existing final file before its rename
             os.rename(tmp, final)
             self.written.append(final)
+        except OSError as exc:   # Kineto logs "Failed to open" and writes nothing; so does this
+            self.failed.append(exc)
         finally:
             self.tracing = False

@@ -173,6 +173,15 @@ def _log_tail(api, trainer, chars: int = 6000) -> str:
         return f"(unreadable: {e!r})"
 
 
+def _agent_lines(api, capture_id: str, chars: int = 6000) -> str:
+    """The node agent's log lines about one capture: each target's steps, with times."""
+    try:
+        text = pod_logs(api, NS, "app.kubernetes.io/component=node", container="agent")
+    except Exception as e:  # noqa: BLE001 - the message must not hide the failure it explains
+        return f"(unreadable: {e!r})"
+    return "\n".join(line for line in text.splitlines() if capture_id in line)[-chars:]
+
+
 @pytest.fixture(scope="module")
 def alert_capture(fired, trainer, monitoring, api) -> str:
     """The capture the gateway started for the alert (its pod log names it)."""
@@ -198,7 +207,8 @@ def test_the_alerts_capture_converges_with_both_ranks_archived_and_a_manifest_na
                       300, 1)
     # a rank that never traced says why only in the trainer's own log (Kineto's refusals go nowhere else)
     assert done["phase"] == "converged" and done["fully_succeeded"], (
-        json.dumps(done)[:3000] + "\ntrainer log (tail):\n" + _log_tail(api, trainer))
+        json.dumps(done)[:3000] + "\ntrainer log (tail):\n" + _log_tail(api, trainer)
+        + "\nagent log (this capture):\n" + _agent_lines(api, alert_capture))
     assert done["counts"] == {"archived": 2}, done["counts"]
     bucket, _, key = done["manifest_uri"].removeprefix("s3://").partition("/")
     assert bucket == s3.bucket
