@@ -101,7 +101,7 @@ class Pipeline:
         published = self.store.status(rec.capture_id, rec.target_id)
         if published is not None and published.terminal:
             self.metrics.target_ended(published)  # once per run: what is on disk, as the coordinator sees it
-        if rec.status.state is S.ARCHIVED and not self.s.keep_local:
+        if not self.s.keep_local:
             self._drop_local(rec)
 
     async def _steps(self, rec: TargetRecord) -> None:
@@ -382,24 +382,25 @@ class Pipeline:
         self._set(rec, S.ARCHIVED, f"archived to {uri}{note}")  # the local copy goes only once this is on disk (run)
 
     def _drop_local(self, rec: TargetRecord) -> None:
-        """The archived file goes; the capture's folder only once no other target of the capture on
-        this node is unfinished. Kineto opens its file when its trace *starts*, and ranks that fetch
-        the same iteration-aligned config on either side of a round-up multiple start a whole
-        round-up apart: a CI run archived rank 1 and removed the then-empty folder, and rank 0,
-        starting 100 iterations later, could not open its file (ENOENT) and wrote no trace."""
-        path = Path(rec.watch_path or "")
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        """An archived file goes; the capture's folder goes with the last of the capture's targets on
+        this node, whatever its outcome (a kept file, e.g. one that failed verification, keeps it).
+        Never earlier: Kineto opens its file when its trace *starts*, and ranks that fetch one
+        iteration-aligned config on either side of a round-up multiple start a round-up apart."""
+        if rec.watch_path is None:
+            return   # it ended before a folder was prepared for it
+        path = Path(rec.watch_path)
+        if rec.status.state is S.ARCHIVED:
+            try:
+                path.unlink()
+            except OSError:
+                pass
         if any(not other.status.terminal for other in self.store.capture(rec.capture_id)
                if other.target_id != rec.target_id):
             return
         try:
-            path.parent.rmdir()  # only succeeds when the folder is empty (a failed target's file stays)
+            path.parent.rmdir()  # only when empty
         except OSError:
             pass
-
 
 def _attempt(backend: str, result: OnDemandResult) -> TriggerAttempt:
     return TriggerAttempt(time.time(), backend, processes_matched=list(result.processes_matched),

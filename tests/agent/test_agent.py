@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -130,35 +131,38 @@ async def test_two_workers_end_verified_archived_and_checksummed(node, agent):
     assert cfg["ACTIVITY_TYPES"] == "cpu_op"
 
 
-async def test_a_rank_starting_after_another_is_archived_still_finds_the_captures_folder(node, agent):
+@pytest.mark.parametrize("mode, outcome", [("honest", "archived"), ("no_file", "failed")])
+async def test_a_rank_starting_after_another_is_archived_still_finds_the_captures_folder(node, agent, mode, outcome):
     """Ranks that fetch an iteration-aligned config on either side of a round-up multiple start a
     round-up apart, and Kineto opens its file only then: rank 1 archived (its local copy gone) must
-    leave the shared folder for rank 0, whose trace has not started yet."""
-    import threading
+    leave the shared folder for rank 0, whose trace has not started yet. The folder goes with the
+    last target, archived or not (`no_file`: rank 0 traces and writes nothing, trace_timeout)."""
     later = threading.Event()
-    procs = [node.worker(0, start_gate=later), node.worker(1)]
+    procs = [node.worker(0, kineto=mode, start_gate=later), node.worker(1)]
     folder = node.base / "traces" / "c-round-up-apart"
+    deadline = time.time() + 16   # the trigger's last chance is 12 s before it; no_file waits it out
     async with AgentClient(agent.url, TOKEN) as client:
         for rank in (0, 1):
-            await client.dispatch("c-round-up-apart", f"rank-{rank}", dispatch(node, "c-round-up-apart", rank))
+            await client.dispatch("c-round-up-apart", f"rank-{rank}",
+                                  dispatch(node, "c-round-up-apart", rank, deadline=deadline))
 
         async def rank_1_dropped() -> None:
             while True:
-                st = {s.target_id: s for s in await client.status("c-round-up-apart") or []}
-                if st.get("rank-1") and st["rank-1"].state.value == "archived" and not (
-                        folder / f"rank-1_{procs[1].pid}.json").exists():
-                    return
-                assert not (st.get("rank-1") and st["rank-1"].terminal and st["rank-1"].state.value != "archived"), st
+                rank_1 = {s.target_id: s for s in await client.status("c-round-up-apart") or []}.get("rank-1")
+                if rank_1 and rank_1.terminal:
+                    assert rank_1.state.value == "archived", rank_1
+                    if not (folder / f"rank-1_{procs[1].pid}.json").exists():
+                        return
                 await asyncio.sleep(0.05)
-        await asyncio.wait_for(rank_1_dropped(), 30)
+        await asyncio.wait_for(rank_1_dropped(), 15)
         # the archived copy and the folder go in one synchronous step, so this sees the decision
         assert folder.is_dir(), "rank 1's clean-up removed the folder rank 0 has yet to write into"
         rank_0 = {s.target_id: s for s in await client.status("c-round-up-apart")}["rank-0"]
         assert not rank_0.terminal, rank_0   # still waiting for its start, as Kineto's later rank is
         later.set()
         done = await converge(client, "c-round-up-apart")
-    assert not node.kinetos[0].failed, node.kinetos[0].failed
-    assert done["rank-0"].state.value == "archived", done["rank-0"]
+    assert not node.kinetos[0].failed, node.kinetos[0].failed   # its folder was there when it started
+    assert done["rank-0"].state.value == outcome, done["rank-0"]
     assert not folder.exists()   # the last target of the capture takes the folder with it
 
 
