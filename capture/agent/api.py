@@ -115,8 +115,8 @@ async def cancel_capture(request: web.Request) -> web.Response:
 
 
 async def get_workers(request: web.Request) -> web.Response:
-    workers = await asyncio.to_thread(request.app[AGENT_KEY].workers)
-    return web.json_response({"workers": [w.to_dict() for w in workers]})
+    workers = await asyncio.to_thread(request.app[AGENT_KEY].worker_views)
+    return web.json_response({"workers": workers})
 
 
 async def healthz(request: web.Request) -> web.Response:

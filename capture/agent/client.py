@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from ..models import Dispatch, RegistrationRecord, TargetStatus
+from ..models import Dispatch, RegistrationRecord, StepReading, TargetStatus
 
 __all__ = ["AgentClient", "AgentError", "DispatchResult", "WorkerView"]
 
@@ -50,11 +50,13 @@ class WorkerView:
     record: RegistrationRecord
     host_pid: int | None
     alive: bool
+    steps: StepReading | None = None   # its optimizer step count (None: not published, or an older agent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WorkerView":
-        rec = {k: v for k, v in data.items() if k != "alive"}
-        return cls(RegistrationRecord.from_dict(rec), data.get("host_pid"), bool(data.get("alive")))
+        rec = {k: v for k, v in data.items() if k not in ("alive", "steps")}
+        steps = StepReading.from_dict(data["steps"]) if data.get("steps") is not None else None
+        return cls(RegistrationRecord.from_dict(rec), data.get("host_pid"), bool(data.get("alive")), steps)
 
 
 class AgentClient:

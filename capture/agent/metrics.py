@@ -45,6 +45,9 @@ class AgentMetrics(OwnMetrics):
                                             "verifying traces; verified_bytes / this is the throughput.", registry=r)
         self.archive_retries = Counter("gpulens_agent_archive_retries", "Archive uploads that failed and were "
                                        "retried.", registry=r)
+        self.late_traces = Counter("gpulens_agent_late_traces", "Traces that landed after their target had ended "
+                                   "(a deadline outrun, a refusal misjudged) and were archived as <target>.late.json.",
+                                   registry=r)
         self.targets.labels("archived", "")
         for reason in FailureReason:
             self.targets.labels("failed", reason.value)

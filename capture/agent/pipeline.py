@@ -31,9 +31,10 @@ from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
+from .steps import StepLog, StepsUnreadable, first_traced_step
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
 from .triggers import Trigger
-from .verification import Expectation, verify_trace
+from .verification import Expectation, Verdict, verify_trace
 
 __all__ = ["PipelineSettings", "Pipeline", "archive_key"]
 
@@ -55,15 +56,20 @@ class PipelineSettings:
     liveness_interval_s: float = 2.0
     keep_local: bool = False
     persist_retry_s: tuple[float, float] = (0.5, 30.0)  # first and longest pause between writes of a state
+    linger_max_s: float = 600.0          # a failed target's queued config is watched this long at most for a late trace
+    linger_write_s: float = 60.0         # a due (or finished) trace writes its file within this
+    kineto_poll_s: float = 5.0           # Kineto polls for configs this often
     archive_policy: RetryPolicy = field(default_factory=RetryPolicy)
 
 
-def archive_key(archive_root: str, archive_prefix: str, target_id: str) -> str:
-    """The key under `archive_root` for `<archive_prefix>/traces/<target_id>.json`."""
+def archive_key(archive_root: str, archive_prefix: str, target_id: str, *, late: bool = False) -> str:
+    """The key under `archive_root` for `<archive_prefix>/traces/<target_id>.json` (`.late.json`
+    for a trace that landed after its target had ended: never what the manifest names)."""
     root = posixpath.normpath("/" + urlparse(archive_root).path.strip("/"))
     prefix = posixpath.normpath("/" + urlparse(archive_prefix).path.strip("/"))
     rel = posixpath.relpath(prefix, root)
-    return f"traces/{target_id}.json" if rel == "." else f"{rel}/traces/{target_id}.json"
+    name = f"traces/{target_id}{'.late' if late else ''}.json"
+    return name if rel == "." else f"{rel}/{name}"
 
 
 class Pipeline:
@@ -74,11 +80,17 @@ class Pipeline:
         self.registry, self.trigger, self.store = registry, trigger, store
         self.observer, self.verify_pool, self.archive = observer, verify_pool, archive
         self.metrics = metrics or AgentMetrics()
+        # targets whose config reached Kineto's side (queued) and whose trace has neither landed nor
+        # been proven never to come: while one is here its capture's folder stays, and its process
+        # gets no other config (Kineto would ignore it)
+        self._unresolved: dict[tuple[str, str], TargetRecord] = {}
 
     # --- the loop -----------------------------------------------------------------------------
 
     async def run(self, rec: TargetRecord) -> None:
         log = _log.bind(capture_id=rec.capture_id, target_id=rec.target_id)
+        if rec.queued_at is not None and rec.status.state is S.QUEUED_BY_DYNOLOG:
+            self._unresolved[rec.key] = rec    # resumed after a restart with its config out there
         while True:
             try:
                 await self._steps(rec)
@@ -101,6 +113,15 @@ class Pipeline:
         published = self.store.status(rec.capture_id, rec.target_id)
         if published is not None and published.terminal:
             self.metrics.target_ended(published)  # once per run: what is on disk, as the coordinator sees it
+        if rec.key in self._unresolved:
+            try:
+                await self._linger(rec, log)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a late look must never take the agent down
+                log.error("target.linger_failed", exc_info=True)
+            finally:
+                self._unresolved.pop(rec.key, None)
         if not self.s.keep_local:
             self._drop_local(rec)
 
@@ -190,7 +211,8 @@ class Pipeline:
             rec.log_file = log_file_for(worker.record.trace_dir, rec.capture_id, rec.target_id)
             config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options,
                                               iterations=spec.iterations or 0,
-                                              iteration_roundup=spec.iteration_roundup or 1))
+                                              iteration_roundup=spec.iteration_roundup or 1,
+                                              start_iteration=spec.start_iteration))
         except ConfigError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"config refused: {exc}")
         rec.watch_path = str(watch_dir / os.path.basename(kineto_trace_path(rec.log_file, worker.record.pid)))
@@ -203,25 +225,40 @@ class Pipeline:
         while True:
             if rec.cancelled:
                 return self._fail(rec, R.CANCELLED, "cancelled before the config was queued")
-            try:
-                answer = await self.trigger.request(config, pid, job)
-                unreachable = 0
-                new_entry = rec.status.record_attempt(_attempt(self.trigger.name, answer.result))
-            except TriggerFailed as exc:
-                new_entry = rec.status.record_attempt(TriggerAttempt(time.time(), self.trigger.name, error=exc.reason))
-                if exc.reason != R.DYNOLOG_UNREACHABLE.value or not exc.retryable:
-                    return self._fail(rec, R(exc.reason), exc.detail)
-                unreachable += 1
-                if unreachable >= self.s.unreachable_attempts:
-                    return self._fail(rec, R.DYNOLOG_UNREACHABLE, f"{exc.detail} ({unreachable} attempts)")
+            missed = self._missed_before(rec)
+            if missed is not None:
+                return self._fail(rec, R.MISSED_START, missed)
+            holder = self._holder(rec)
+            if holder is not None:
+                detail = (f"pid {pid}'s Kineto may still hold capture {holder.capture_id} target {holder.target_id}'s "
+                          f"config (queued at {_iso(holder.queued_at)}, no trace from it yet): Kineto would ignore a "
+                          f"config sent now, so this one waits")
+                if rec.status.state is not S.WAITING_FOR_SLOT or rec.status.detail != detail:
+                    self._set(rec, S.WAITING_FOR_SLOT, detail)
                 answer = None
-            if new_entry and (answer is None or answer.outcome is not PidOutcome.QUEUED):
-                self._save(rec)  # a new answer is a fact worth keeping even when the state stays
+            else:
+                try:
+                    answer = await self.trigger.request(config, pid, job)
+                    unreachable = 0
+                    new_entry = rec.status.record_attempt(_attempt(self.trigger.name, answer.result))
+                except TriggerFailed as exc:
+                    new_entry = rec.status.record_attempt(TriggerAttempt(time.time(), self.trigger.name, error=exc.reason))
+                    if exc.reason != R.DYNOLOG_UNREACHABLE.value or not exc.retryable:
+                        return self._fail(rec, R(exc.reason), exc.detail)
+                    unreachable += 1
+                    if unreachable >= self.s.unreachable_attempts:
+                        return self._fail(rec, R.DYNOLOG_UNREACHABLE, f"{exc.detail} ({unreachable} attempts)")
+                    answer = None
+                if new_entry and (answer is None or answer.outcome is not PidOutcome.QUEUED):
+                    self._save(rec)  # a new answer is a fact worth keeping even when the state stays
             if answer is not None and answer.outcome is PidOutcome.QUEUED:
                 rec.trace_id, rec.queued_at = answer.trace_id, time.time()
+                self._unresolved[rec.key] = rec
                 return self._set(rec, S.QUEUED_BY_DYNOLOG,
                                  f"config for pid {pid} (job {job}) is in its pending slot via {self.trigger.name}; "
-                                 f"expecting {os.path.basename(rec.watch_path)}")
+                                 f"expecting {os.path.basename(rec.watch_path)}"
+                                 + (f"; every rank starts at iteration {spec.start_iteration}"
+                                    if spec.start_iteration is not None else ""))
             if answer is not None:
                 waiting = answer.outcome in (PidOutcome.WAITING_FOR_SLOT, PidOutcome.LIMITED)
                 state = S.WAITING_FOR_SLOT if waiting else S.NOT_MATCHED
@@ -231,7 +268,7 @@ class Pipeline:
                     self._set(rec, state, detail)
             if time.time() >= last_trigger:
                 if rec.status.state is S.WAITING_FOR_SLOT:
-                    return self._fail(rec, R.BUSY_TIMEOUT, rec.status.detail or "busy until the deadline")
+                    return self._fail(rec, R.BUSY_TIMEOUT, (rec.status.detail or "busy") + " until the deadline")
                 if rec.status.state is S.NOT_MATCHED:
                     return self._fail(rec, R.NOT_MATCHED, rec.status.detail or "never matched")
                 return self._fail(rec, R.DYNOLOG_UNREACHABLE, "the trigger backend did not answer before the deadline")
@@ -253,6 +290,35 @@ class Pipeline:
                 continue
         return via_proc
 
+    def _holder(self, rec: TargetRecord) -> TargetRecord | None:
+        """Another target whose config is still out with this same process (queued, no trace yet)."""
+        me = _process_key(rec.worker)
+        if me is None:
+            return None
+        for other in self._unresolved.values():
+            if other.key != rec.key and _process_key(other.worker) == me:
+                return other
+        return None
+
+    def _step_log(self, rec: TargetRecord) -> StepLog | None:
+        try:
+            return self.registry.steps((rec.worker or {}).get("steps_file"))
+        except StepsUnreadable:
+            return None
+
+    def _missed_before(self, rec: TargetRecord) -> str | None:
+        """Before queueing: is the rank already at or past the capture's start iteration? Kineto
+        would move a past start to its next step, silently out of line with the other ranks."""
+        start = rec.spec.start_iteration
+        if start is None:
+            return None
+        steps = self._step_log(rec)
+        if steps is None or steps.kineto_iteration < start:
+            return None   # behind it (or unknown: then the trace itself is checked after verification)
+        return (f"rank {rec.spec.rank} was already at Kineto iteration {steps.kineto_iteration} (optimizer step "
+                f"{steps.latest}) before its config could be queued; the capture starts every rank at iteration "
+                f"{start}, so this rank was not asked (the coordinator's --start-lead-s sets how far ahead it chooses)")
+
     # --- observe ------------------------------------------------------------------------------
 
     async def _observe(self, rec: TargetRecord, log) -> None:
@@ -263,23 +329,31 @@ class Pipeline:
             remaining = spec.deadline - time.time()
             found = await self.observer.wait_for(rec.watch_path, min(self.s.liveness_interval_s, max(0.0, remaining)))
             if found is not None:
-                rec.observed_at = found.observed_at
-                self._observed_after(found)
-                return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+                return self._landed(rec, found)
             if rec.kineto_refusal is not None:  # Kineto's polls say it dropped the config (builtin)
+                if os.path.exists(rec.watch_path + ".tmp"):   # a stronger fact: it is writing this very trace
+                    log.info("kineto.refusal_disproved", detail=rec.kineto_refusal[:200])
+                    rec.kineto_refusal = None
+                    continue
                 found = await self.observer.wait_for(rec.watch_path, min(1.0, self.s.liveness_interval_s))
                 if found is None:
                     return self._fail(rec, R.KINETO_REFUSED, f"{rec.kineto_refusal}; no {rec.watch_path}")
-                rec.observed_at = found.observed_at
-                return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+                return self._landed(rec, found)
             if time.time() >= spec.deadline:
                 return await self._no_trace(rec)
             if host_pid and not self._alive(rec):
                 found = await self.observer.wait_for(rec.watch_path, self.s.liveness_interval_s)  # a last look
                 if found is None:
                     return self._fail(rec, R.PROCESS_GONE, f"pid {rec.worker['pid']} exited before its trace appeared")
-                rec.observed_at = found.observed_at
-                return self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
+                return self._landed(rec, found)
+
+    def _landed(self, rec: TargetRecord, found: ObservedFile) -> None:
+        """The trace is under its final name: Kineto holds nothing of this config any more."""
+        rec.observed_at = found.observed_at
+        self._observed_after(found)
+        self._unresolved.pop(rec.key, None)
+        self.trigger.settle(rec.trace_id)
+        self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
 
     def _observed_after(self, found: ObservedFile) -> None:
         try:
@@ -294,13 +368,22 @@ class Pipeline:
         spec = rec.spec
         missing = f"queued at {_iso(rec.queued_at)}, but no {rec.watch_path} by the deadline {_iso(spec.deadline)}"
         last = rec.status.trigger_attempts[-1].describe() if rec.status.trigger_attempts else "none recorded"
+        if rec.backend == "builtin" and rec.delivered_at is None and self.trigger.retract(rec.trace_id):
+            self._unresolved.pop(rec.key, None)    # taken back from the slot: it can never start now
+            missing += " (taken back from the endpoint's slot unfetched, so it can never start late)"
+        if rec.kineto_behind is not None and self.trigger.holds_unstarted(rec.kineto_behind_id):
+            return self._fail(rec, R.KINETO_REFUSED,
+                              f"{rec.kineto_behind}; that earlier config had still not started at the deadline and "
+                              f"this one left no file: Kineto ignored it ({missing})")
         gone = await self.trigger.lost() if rec.backend == self.trigger.name else None
         if gone is not None:
             return self._fail(rec, R.DYNOLOG_LOST,
                               f"{missing}; {gone.detail} now, so the pending config was lost with it (dynolog died or "
                               f"restarted: check the dynolog pod or service on node {self.s.node}, then capture again); "
                               f"last answer: {last}")
-        return self._fail(rec, R.TRACE_TIMEOUT, f"{missing}; {_timeout_hint(rec)}; last answer: {last}")
+        behind = (f"; when Kineto fetched it, it still held an earlier config ({rec.kineto_behind}), which has since "
+                  f"started or landed" if rec.kineto_behind else "")
+        return self._fail(rec, R.TRACE_TIMEOUT, f"{missing}; {_timeout_hint(rec)}{behind}; last answer: {last}")
 
     def _alive(self, rec: TargetRecord) -> bool:
         w = rec.worker or {}
@@ -309,34 +392,72 @@ class Pipeline:
 
     # --- verify -------------------------------------------------------------------------------
 
-    async def _verify(self, rec: TargetRecord, log) -> None:
+    def _expectation(self, rec: TargetRecord, observed_at: float | None) -> Expectation:
         spec = rec.spec
-        path = rec.watch_path
-        assert path is not None
-        exp = Expectation(
+        return Expectation(
             activities=tuple(spec.activities),
             window_start=rec.accepted_at - self.s.clock_slack_s,
-            window_end=(rec.observed_at or time.time()) + self.s.clock_slack_s,
+            window_end=(observed_at or time.time()) + self.s.clock_slack_s,
             duration_ms=spec.duration_ms,
             with_stack=spec.options.with_stack,
             pid=(rec.worker or {}).get("pid"),
             trace_id=rec.trace_id if rec.backend == "builtin" else None,
             iterations=spec.iterations,
         )
+
+    async def _run_verifier(self, path: str, exp: Expectation) -> Verdict:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         verdict = await loop.run_in_executor(self.verify_pool, verify_trace, path, exp)
         self.metrics.verified(verdict.size or 0, time.monotonic() - started)
+        return verdict
+
+    async def _verify(self, rec: TargetRecord, log) -> None:
+        spec = rec.spec
+        path = rec.watch_path
+        assert path is not None
+        verdict = await self._run_verifier(path, self._expectation(rec, rec.observed_at))
         rec.verdict = verdict.to_dict()
+        rec.verdict.pop("optimizer_spans", None)   # mapped to step numbers below; not worth keeping on disk
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
         if rec.trace_id is None:
             rec.trace_id = verdict.trace_id
+        if spec.iterations:
+            traced = self._traced_steps(rec, verdict)
+            if traced is not None:
+                rec.verdict.update(step_first=traced[0], step_last=traced[1])
+            if spec.start_iteration is not None and traced is not None \
+                    and traced[0] != first_traced_step(spec.start_iteration):
+                try:
+                    os.unlink(path)   # a misaligned trace is not this capture's photo; the detail keeps the facts
+                except OSError:
+                    pass
+                return self._fail(rec, R.MISSED_START,
+                                  f"traced optimizer steps {traced[0]}..{traced[1]}, but the capture starts every rank "
+                                  f"at Kineto iteration {spec.start_iteration} (optimizer step "
+                                  f"{first_traced_step(spec.start_iteration)}): Kineto took the config after that "
+                                  f"iteration and started at its next step; the misaligned trace was not kept")
         detail = f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}"
         if spec.iterations and not verdict.optimizer_steps:
             detail += "; NOT an iteration trace: the process never stepped an optimizer"
             log.warning("trace.not_stepping", pid=exp.pid, iterations=spec.iterations)
         self._set(rec, S.VERIFIED, detail)
+
+    def _traced_steps(self, rec: TargetRecord, verdict: Verdict) -> tuple[int, int] | None:
+        """The first and last optimizer step (the process's n-th `optimizer.step()`) the trace holds,
+        from the hook's step counter: each `Optimizer.step#` span encloses the post-hook that
+        published its count. None when the process publishes no counter or its ring no longer
+        reaches back to the trace."""
+        if not verdict.optimizer_spans:
+            return None
+        steps = self._step_log(rec)
+        if steps is None:
+            return None
+        found = steps.steps_within(verdict.optimizer_spans)
+        if any(s is None for s in found):
+            return None
+        return min(found), max(found)  # type: ignore[type-var]
 
     # --- archive ------------------------------------------------------------------------------
 
@@ -370,22 +491,95 @@ class Pipeline:
             node=self.s.node, pod=str(worker.get("pod", spec.pod or "")), pid=int(worker["pid"]),
             attempt=spec.attempt, uri=uri, size=int(verdict["size"]), sha256=verdict["sha256"],
             trace_id=rec.trace_id, event_count=verdict.get("event_count"),
-            iterations=None if not spec.iterations else {
-                "requested": spec.iterations, "roundup": spec.iteration_roundup or 1,
-                "first": verdict.get("first_step"), "last": verdict.get("last_step"),
-                "optimizer_steps": int(verdict.get("optimizer_steps") or 0),
-                "stepped": bool(verdict.get("optimizer_steps"))})
+            iterations=None if not spec.iterations else _iterations(spec, verdict))
         note = ""
         if rec.status.artifact.iterations and not rec.status.artifact.iterations["stepped"]:
             note = (f"; NOT {spec.iterations} iterations: the process never stepped an optimizer, so Kineto "
                     f"traced a short time window instead")
         self._set(rec, S.ARCHIVED, f"archived to {uri}{note}")  # the local copy goes only once this is on disk (run)
 
+    # --- after the end: a late trace is archived, never lost ------------------------------------
+
+    async def _linger(self, rec: TargetRecord, log) -> None:
+        """The target ended without its trace, but its config reached Kineto's side: Kineto may
+        still write it (a refusal misjudged, a trace that outran the deadline). Until the file lands
+        or it is proven never to come, the capture's folder stays (so the trainer never hits
+        ENOENT) and this process gets no other config; a file that does land is verified and
+        archived as `traces/<target>.late.json`, and the target's detail says so."""
+        log.info("target.lingering", reason=rec.status.reason.value if rec.status.reason else None)
+        began = time.time()
+        passed_at: list[float] = []
+        while True:
+            found = await self.observer.wait_for(rec.watch_path, self.s.liveness_interval_s)
+            if found is not None:
+                self.trigger.settle(rec.trace_id)
+                return await self._archive_late(rec, found, log)
+            why = self._never_written(rec, passed_at)
+            if why is not None:
+                log.info("target.config_resolved", why=why)
+                return
+            if time.time() - began >= self.s.linger_max_s:
+                log.warning("target.linger_expired", waited_s=round(time.time() - began),
+                            hint="a trace Kineto writes later finds no folder; the trainer's log will say so")
+                return
+
+    def _never_written(self, rec: TargetRecord, passed_at: list[float]) -> str | None:
+        """Why this config's trace can no longer appear, or None while it still might."""
+        if not self._alive(rec):
+            return "the process exited"
+        if rec.watch_path and os.path.exists(rec.watch_path + ".tmp"):
+            return None                        # Kineto is writing it right now
+        if rec.kineto_started_at is not None and rec.kineto_idle_at is not None:
+            return "Kineto's polls showed the trace run and end (it renames its file before it goes idle)"
+        spec, now = rec.spec, time.time()
+        if not spec.iterations:
+            # a time-based config starts 7 s after its fetch or never (Kineto cancels a late one)
+            fetched = rec.delivered_at or ((rec.queued_at or rec.accepted_at) + self.s.kineto_poll_s)
+            due = fetched + 7.0 + spec.duration_ms / 1000 + self.s.linger_write_s
+            return f"a time-based config fetched by {_iso(fetched)} is long past its window" if now > due else None
+        if spec.start_iteration is None:
+            return None                        # a round-up start may lie far ahead: only the longest linger ends it
+        steps = self._step_log(rec)
+        if steps is None or steps.kineto_iteration <= spec.start_iteration + spec.iterations:
+            return None
+        if not passed_at:
+            passed_at.append(now)
+        if now - passed_at[0] < self.s.linger_write_s:
+            return None
+        return (f"the rank stepped past iteration {spec.start_iteration + spec.iterations} (the window's end) "
+                f"{now - passed_at[0]:.0f} s ago and no file came")
+
+    async def _archive_late(self, rec: TargetRecord, found: ObservedFile, log) -> None:
+        path = Path(found.path)
+        verdict = await self._run_verifier(found.path, self._expectation(rec, found.observed_at))
+        key = archive_key(self.s.archive_root, rec.spec.archive_prefix, rec.target_id, late=True)
+        try:
+            uri = await put_file_retrying(self.archive, path, key, policy=self.s.archive_policy)
+        except ArchiveError as exc:
+            log.error("trace.late_archive_failed", path=str(path), error=str(exc)[:300])
+            return   # kept on disk where it landed; the folder stays with it
+        rec.late_uri = uri
+        rec.status.detail = (f"{rec.status.detail or ''}; a late trace landed at {_iso(found.observed_at)}, after this "
+                             f"target had ended, and was archived to {uri} "
+                             f"({'verified' if verdict.ok else 'NOT verified: ' + verdict.detail}; not in the manifest)")
+        rec.status.updated_at = time.time()
+        try:
+            self._save(rec)      # the same final state and reason: only the detail grows
+        except (StoreWriteFailed, FinalStatusConflict) as exc:
+            log.error("store.write_failed", state=rec.status.state.value, error=str(exc)[:300])
+        self.metrics.late_traces.inc()
+        log.warning("trace.late", uri=uri, verified=verdict.ok, size=found.size)
+        if not self.s.keep_local:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
     def _drop_local(self, rec: TargetRecord) -> None:
         """An archived file goes; the capture's folder goes with the last of the capture's targets on
-        this node, whatever its outcome (a kept file, e.g. one that failed verification, keeps it).
-        Never earlier: Kineto opens its file when its trace *starts*, and ranks that fetch one
-        iteration-aligned config on either side of a round-up multiple start a round-up apart."""
+        this node, whatever its outcome (a kept file, e.g. one that failed verification, keeps it),
+        once none of them lingers for a late trace. Never earlier: Kineto opens its file when its
+        trace *starts*, which may be after another rank's trace was archived."""
         if rec.watch_path is None:
             return   # it ended before a folder was prepared for it
         path = Path(rec.watch_path)
@@ -394,13 +588,34 @@ class Pipeline:
                 path.unlink()
             except OSError:
                 pass
-        if any(not other.status.terminal for other in self.store.capture(rec.capture_id)
-               if other.target_id != rec.target_id):
+        if any(not other.status.terminal or other.key in self._unresolved
+               for other in self.store.capture(rec.capture_id) if other.target_id != rec.target_id):
             return
         try:
             path.parent.rmdir()  # only when empty
         except OSError:
             pass
+
+def _iterations(spec, verdict: dict) -> dict:
+    """The manifest's `iterations`: optimizer step numbers from the hook's counter when it mapped
+    the trace (every rank of an aligned capture has the same ones, with or without torch.profiler
+    in the loop), else the trace's own ProfilerStep#N markers."""
+    counted = verdict.get("step_first") is not None
+    return {"requested": spec.iterations, "roundup": 1 if spec.start_iteration is not None else (spec.iteration_roundup or 1),
+            "start": spec.start_iteration,
+            "numbering": "optimizer_step" if counted else "profiler_step",
+            "first": verdict.get("step_first") if counted else verdict.get("first_step"),
+            "last": verdict.get("step_last") if counted else verdict.get("last_step"),
+            "optimizer_steps": int(verdict.get("optimizer_steps") or 0),
+            "stepped": bool(verdict.get("optimizer_steps"))}
+
+
+def _process_key(worker: dict | None) -> tuple | None:
+    """One process, whatever record names it: its host pid, its own pid and start time."""
+    if not worker or not worker.get("host_pid"):
+        return None
+    return worker.get("host_pid"), worker.get("pid"), worker.get("start_time")
+
 
 def _attempt(backend: str, result: OnDemandResult) -> TriggerAttempt:
     return TriggerAttempt(time.time(), backend, processes_matched=list(result.processes_matched),

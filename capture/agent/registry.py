@@ -21,6 +21,7 @@ from gpulens.logs import get_logger
 
 from .. import limits, schemas
 from ..models import RegistrationRecord
+from .steps import StepLog, StepsUnreadable, read_steps
 
 __all__ = ["Worker", "WorkerRegistry", "ProcFs"]
 
@@ -151,6 +152,17 @@ class WorkerRegistry:
             return False
         return self._matches(host_pid, pid, pid_namespace, start_time)
 
+    def steps(self, steps_file: str | None) -> StepLog:
+        """A worker's published step count (hooks/site/_gpulens_steps.py) from its record's
+        `steps_file`; StepsUnreadable when there is none (an older hook, no torch optimizer) or the
+        file is not one. The name must be a plain `*.steps` file in this folder: a record never
+        points elsewhere."""
+        name = steps_file or ""
+        if not name or "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".steps"):
+            raise StepsUnreadable("no step count published" + (f" (bad file name {name!r})" if name else
+                                  " (a hook without the step counter, or no torch optimizer)"))
+        return read_steps(self.dir / name)
+
     # --- housekeeping ----------------------------------------------------------------------
 
     def remove_stale(self) -> list[Path]:
@@ -163,6 +175,8 @@ class WorkerRegistry:
             try:
                 w.path.unlink()
                 removed.append(w.path)
+                if w.record.steps_file and "/" not in w.record.steps_file and w.record.steps_file.endswith(".steps"):
+                    (self.dir / w.record.steps_file).unlink(missing_ok=True)   # a killed worker leaves its counter
                 _log.info("registry.stale_removed", file=w.path.name, job_id=w.record.job_id, rank=w.record.global_rank,
                           pid=w.record.pid)
             except OSError as exc:

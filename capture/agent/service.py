@@ -18,9 +18,10 @@ from gpulens.logs import get_logger
 
 from ..archive import under_prefix
 from ..dynolog import ConfigError, Delivery, KinetoOutcome, TraceConfig, build_config, log_file_for
-from ..models import Dispatch, TargetState, TargetStatus
+from ..models import Dispatch, StepReading, TargetState, TargetStatus
 from .pipeline import Pipeline
 from .registry import Worker, WorkerRegistry
+from .steps import StepsUnreadable
 from .store import CAPTURE_ID_RE, TARGET_ID_RE, StatusStore, StoreWriteFailed, TargetRecord
 
 __all__ = ["Agent", "DispatchRefused"]
@@ -150,6 +151,24 @@ class Agent:
     def workers(self) -> list[Worker]:
         return self.registry.workers()
 
+    def worker_views(self) -> list[dict[str, Any]]:
+        """GET /v1/workers: each record, its resolved host pid and liveness, and its step count
+        (what the coordinator chooses a capture's start iteration from)."""
+        out = []
+        for w in self.registry.workers():
+            d = w.to_dict()
+            d["steps"] = None
+            if w.alive:
+                try:
+                    log = self.registry.steps(w.record.steps_file)
+                except StepsUnreadable:
+                    pass
+                else:
+                    if log.latest_at > 0:
+                        d["steps"] = StepReading(log.latest, log.latest_at, log.rate()).to_dict()
+            out.append(d)
+        return out
+
     def on_delivered(self, delivery: Delivery) -> None:
         """Builtin endpoint callback: Kineto fetched a config; remember it (it matters after a restart)."""
         for rec in self.store.all():
@@ -174,9 +193,14 @@ class Agent:
                     rec.kineto_started_at = outcome.at
                 elif outcome.kind == "finished":
                     rec.kineto_idle_at = outcome.at
-                else:
+                elif outcome.cause == "another_pending":
+                    # not proof on its own: the held config may have started and ended between two
+                    # polls, unseen; the pipeline decides at the deadline (still held: refused)
                     held = self._named(outcome.held_trace_id)
-                    rec.kineto_refusal = outcome.describe() + (f" [held by {held}]" if held else "")
+                    rec.kineto_behind = outcome.describe() + (f" [held by {held}]" if held else "")
+                    rec.kineto_behind_id = outcome.held_trace_id
+                else:
+                    rec.kineto_refusal = outcome.describe()
                 rec.status.updated_at = time.time()
                 self._try_put(rec, "target.kineto_not_persisted")
                 return

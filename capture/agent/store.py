@@ -58,6 +58,9 @@ class TargetRecord:
     kineto_started_at: float | None = None  # builtin only: Kineto's polls turned busy (warm-up began)
     kineto_idle_at: float | None = None     # builtin only: ...and idle again (that trace is over)
     kineto_refusal: str | None = None       # builtin only: why Kineto's polls show it dropped the config
+    kineto_behind: str | None = None        # builtin only: Kineto held an earlier unstarted config when it fetched this one
+    kineto_behind_id: str | None = None     # ... that config's trace id (refused only if it is still held at the deadline)
+    late_uri: str | None = None             # a trace that landed after the target ended, archived here
     observed_at: float | None = None
     verdict: dict[str, Any] | None = None
     cancelled: bool = False

@@ -43,6 +43,18 @@ class Trigger(Protocol):
     async def lost(self) -> TriggerFailed | None:
         """Why the backend no longer answers (a cheap call, short timeout); None while it does."""
 
+    def settle(self, trace_id: str | None) -> None:
+        """The trace with `trace_id` landed or started: whatever the backend remembers of it as
+        pending is over (builtin: Kineto's held config; dynolog: nothing to do)."""
+
+    def retract(self, trace_id: str | None) -> bool:
+        """Take back a config the trainer has not fetched; True only when it surely never will
+        (builtin: the slot is ours; dynolog has no call for it)."""
+
+    def holds_unstarted(self, trace_id: str | None) -> bool:
+        """Does the backend know the config `trace_id` to be fetched and still unstarted? (False
+        when it cannot know: dynolog never sees what Kineto does with a config.)"""
+
 
 class DynologTrigger:
     name = "dynolog"
@@ -59,6 +71,15 @@ class DynologTrigger:
         if extra:
             _log.info("trigger.extra_matched", pid=pid, job=job_id, others=",".join(map(str, extra)))
         return TriggerAnswer(result.outcome_for(pid), result, None)
+
+    def settle(self, trace_id: str | None) -> None:
+        return None
+
+    def holds_unstarted(self, trace_id: str | None) -> bool:
+        return False
+
+    def retract(self, trace_id: str | None) -> bool:
+        return False
 
     async def lost(self) -> TriggerFailed | None:
         """getVersion: it reads nothing and changes nothing in dynolog (a pending config survives it)."""
@@ -83,6 +104,16 @@ class BuiltinTrigger:
 
     async def lost(self) -> TriggerFailed | None:
         return None  # the endpoint lives in this process: it cannot be gone while the agent runs
+
+    def settle(self, trace_id: str | None) -> None:
+        if trace_id is not None:
+            self.endpoint.settle(trace_id)
+
+    def holds_unstarted(self, trace_id: str | None) -> bool:
+        return trace_id is not None and self.endpoint.holds_unstarted(trace_id)
+
+    def retract(self, trace_id: str | None) -> bool:
+        return trace_id is not None and self.endpoint.retract(trace_id)
 
 
 async def choose_trigger(mode: str, dynolog_addr: str, *, probe_timeout_s: float = 1.5) -> str:

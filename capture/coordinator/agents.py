@@ -75,4 +75,5 @@ class AgentClient:
             views = await self._agent(base).workers()
         except _NodeAgentError as exc:
             raise _translate(base, exc) from exc
-        return [dict(v.record.to_dict(), host_pid=v.host_pid, alive=v.alive) for v in views]
+        return [dict(v.record.to_dict(), host_pid=v.host_pid, alive=v.alive,
+                     steps=v.steps.to_dict() if v.steps is not None else None) for v in views]

@@ -18,7 +18,11 @@ triggered. So every value is checked here, before anything is sent:
   starts at the next multiple of `PROFILE_START_ITERATION_ROUNDUP` after its current optimizer
   step count: one round-up for every rank of a capture gives them the same start iteration),
   `ACTIVITIES_ITERATIONS=N` and no warm-up iterations; `ACTIVITIES_DURATION_MSECS` becomes the
-  short (<= 500 ms) window Kineto (>= 2025-09) falls back to when the process never steps.
+  short (<= 500 ms) window Kineto (>= 2025-09) falls back to when the process never steps. With a
+  `start_iteration` the coordinator chose from the ranks' published step counts it sends that
+  absolute `PROFILE_START_ITERATION` with round-up 1 instead: every rank that fetches it in time
+  starts on exactly that iteration (one that fetches later would start at its next step, which
+  the agent refuses beforehand and detects afterwards as `missed_start`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ MIN_START_LEAD_MS = 15_000
 MAX_DURATION_MS = 600_000
 MAX_ITERATIONS = 10_000
 MAX_ROUNDUP = 1_000_000
+MAX_START_ITERATION = 10**12
 FALLBACK_MS = 500         # the time trace Kineto makes of an iteration request when nothing steps
 
 
@@ -58,6 +63,7 @@ class TraceConfig:
     allow_newer_activities: bool = False
     iterations: int = 0           # > 0: iteration-based trace of this many optimizer steps
     iteration_roundup: int = 1    # start at a multiple of this (one value for the whole capture)
+    start_iteration: int | None = None   # or at exactly this iteration (round-up 1): one number for every rank
 
 
 def log_file_for(trace_dir: str, capture_id: str, target_id: str) -> str:
@@ -112,6 +118,11 @@ def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
                              ("iteration_roundup", cfg.iteration_roundup, MAX_ROUNDUP)):
         if isinstance(value, bool) or not isinstance(value, int) or not (0 if name == "iterations" else 1) <= value <= top:
             raise ConfigError(name, f"{value!r} is not an integer in range (max {top})")
+    if cfg.start_iteration is not None and (isinstance(cfg.start_iteration, bool) or not isinstance(cfg.start_iteration, int)
+                                            or not 0 <= cfg.start_iteration <= MAX_START_ITERATION):
+        raise ConfigError("start_iteration", f"{cfg.start_iteration!r} is not an integer in 0..{MAX_START_ITERATION}")
+    if cfg.start_iteration is not None and not cfg.iterations:
+        raise ConfigError("start_iteration", "a start iteration needs iterations > 0")
     if cfg.iterations and cfg.start_time_ms:
         raise ConfigError("start_time_ms", "an iteration-based trace starts at an iteration, not at a time")
     if cfg.trace_id is not None and not (cfg.trace_id.isdigit() and len(cfg.trace_id) <= 32):
@@ -132,7 +143,8 @@ def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
     ]
     if cfg.iterations:
         lines[2] = f"ACTIVITIES_DURATION_MSECS={min(cfg.duration_ms, FALLBACK_MS)}"
-        lines += ["PROFILE_START_ITERATION=0", f"PROFILE_START_ITERATION_ROUNDUP={cfg.iteration_roundup}",
+        start, roundup = (0, cfg.iteration_roundup) if cfg.start_iteration is None else (cfg.start_iteration, 1)
+        lines += [f"PROFILE_START_ITERATION={start}", f"PROFILE_START_ITERATION_ROUNDUP={roundup}",
                   "ACTIVITIES_WARMUP_ITERATIONS=0", f"ACTIVITIES_ITERATIONS={cfg.iterations}"]
     if cfg.trace_id is not None:
         lines.append(f"REQUEST_TRACE_ID={cfg.trace_id}")

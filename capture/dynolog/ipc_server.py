@@ -194,6 +194,23 @@ class KinetoEndpoint:
                 busy += 1
         return OnDemandResult(tuple(matched), tuple(triggered), busy)
 
+    def retract(self, trace_id: str) -> bool:
+        """Take back a config Kineto has not fetched yet (its slot still holds `trace_id`): after
+        this it can never start late. False when it was fetched already, or is not ours."""
+        for proc in self._procs.values():
+            if proc.pending is not None and proc.pending_trace_id == trace_id:
+                proc.pending = proc.pending_trace_id = None
+                _log.info("ipc.config_retracted", job=proc.job_id, pid=proc.leaf, trace_id=trace_id)
+                return True
+        return False
+
+    def settle(self, trace_id: str) -> bool:
+        """The agent saw `trace_id`'s trace land (or start): Kineto no longer holds it (KinetoWatch.settle)."""
+        return self._watch.settle(trace_id)
+
+    def holds_unstarted(self, trace_id: str) -> bool:
+        return self._watch.holds_unstarted(trace_id)
+
     def processes(self) -> list[KnownProcess]:
         return list(self._procs.values())
 

@@ -137,6 +137,26 @@ class KinetoWatch:
     def forget(self, key: object) -> None:
         self._held.pop(key, None)
 
+    def settle(self, trace_id: str) -> bool:
+        """A fact from outside the polls ended the config with `trace_id`: its trace landed (or its
+        `.tmp` appeared, or the rank stepped past its start iteration). An iteration trace that
+        starts and ends between two polls (5 s apart; a few fast steps) is never seen busy, so
+        without this it would be held "unstarted" for ever and every later config called
+        refused. Returns whether it was held."""
+        found = False
+        for key in list(self._held):
+            keep = [h for h in self._held[key] if h.trace_id != trace_id]
+            found = found or len(keep) != len(self._held[key])
+            if keep:
+                self._held[key] = keep
+            else:
+                del self._held[key]
+        return found
+
+    def holds_unstarted(self, trace_id: str) -> bool:
+        """Is the config with `trace_id` still held by its Kineto, fetched and never seen started?"""
+        return any(h.trace_id == trace_id and not h.started for held in self._held.values() for h in held)
+
     def _emit(self, kind: str, job_id: int, pid: int, h: _Held, wall: float, *, cause: str | None = None,
               held: str | None = None) -> None:
         self.emit(KinetoOutcome(kind, job_id, pid, h.trace_id, h.fetched_at, wall, cause, held))

@@ -9,9 +9,10 @@ from .request import CaptureOptions, CaptureReason, CaptureRequest, new_capture_
 from .states import FailureReason, TargetState, TargetStatus, TERMINAL_STATES, TriggerAttempt
 from .dispatch import Dispatch
 from .manifest import Artifact, ExpectedTarget, Failure, Manifest, target_id_for_rank
+from .steps import StepReading
 
 __all__ = [
     "RegistrationRecord", "CaptureOptions", "CaptureReason", "CaptureRequest", "new_capture_id",
     "FailureReason", "TargetState", "TargetStatus", "TERMINAL_STATES", "TriggerAttempt", "Dispatch",
-    "Artifact", "ExpectedTarget", "Failure", "Manifest", "target_id_for_rank",
+    "Artifact", "ExpectedTarget", "Failure", "Manifest", "target_id_for_rank", "StepReading",
 ]

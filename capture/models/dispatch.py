@@ -25,6 +25,7 @@ class Dispatch:
     options: CaptureOptions = field(default_factory=CaptureOptions)
     iterations: int | None = None          # iteration-based trace of this many optimizer steps ...
     iteration_roundup: int | None = None   # ... starting at a multiple of this, the same for every rank
+    start_iteration: int | None = None     # ... or at exactly this Kineto iteration (round-up 1), chosen by the coordinator
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Dispatch":

@@ -35,6 +35,7 @@ class RegistrationRecord:
     hostname: str = ""
     identity: str = ""  # process_group | single_process (older hooks: empty)
     argv: list[str] = field(default_factory=list)
+    steps_file: str = ""  # the hook's step counter beside this record (older hooks, or no torch optimizer: empty)
     schema_version: int = SCHEMA_VERSION
 
     @classmethod

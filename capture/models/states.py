@@ -42,6 +42,7 @@ class FailureReason(str, Enum):
     TRACE_TIMEOUT = "trace_timeout"          # queued, but no final trace file before the deadline (dynolog still answers)
     DYNOLOG_LOST = "dynolog_lost"            # queued, no trace by the deadline, and dynolog no longer answers
     KINETO_REFUSED = "kineto_refused"        # Kineto fetched the config and dropped it (builtin endpoint sees it)
+    MISSED_START = "missed_start"            # the rank was past the capture's start iteration before Kineto could take it
     VERIFICATION_FAILED = "verification_failed"
     ARCHIVE_FAILED = "archive_failed"
     CANCELLED = "cancelled"

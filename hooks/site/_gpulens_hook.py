@@ -32,6 +32,7 @@ from _gpulens_imports import AfterImport
 from _gpulens_record import (IDENTITY_PROCESS_GROUP, IDENTITY_SINGLE_PROCESS, SCHEMA_VERSION, RegistryWriteError,
                              build_record, pid_namespace, record_filename, remove_quietly, write_atomically)
 from _gpulens_signals import ExitSignals
+from _gpulens_steps import StepPublisher, steps_filename
 
 __all__ = ["arm", "main", "Registrar", "kineto_job_id", "build_record", "record_filename", "write_atomically",
            "RegistryWriteError", "SCHEMA_VERSION", "chain_sitecustomize", "in_multiprocessing_child"]
@@ -86,6 +87,7 @@ class Registrar:
         self.warned = False
         self.signals = ExitSignals(self.remove)
         self._atexit = False
+        self.steps: StepPublisher | None = None
 
     # the two moments -------------------------------------------------------------------------
 
@@ -110,6 +112,9 @@ class Registrar:
             env.setdefault("LOCAL_WORLD_SIZE", str(world_size))
         rec = build_record(env, pid, self.cmdline, time.time(), identity=identity)
         name = record_filename(rec)
+        steps = self._publish_steps(rec)
+        if steps is not None:
+            rec["steps_file"] = os.path.basename(steps.path)
         try:
             path = write_atomically(self.registry, name, rec)
         except RegistryWriteError as exc:
@@ -131,6 +136,28 @@ class Registrar:
         self.signals.install()
         return path
 
+    def _publish_steps(self, rec: dict) -> StepPublisher | None:
+        """This process's step file and optimizer post-hook, made once per process, only when
+        torch's optimizer and step tracker are loaded (never imported here). A failure costs the
+        absolute start iteration, never the registration."""
+        if self.steps is not None and self.steps.pid == rec["pid"]:
+            return self.steps
+        optim = sys.modules.get("torch.optim.optimizer")
+        profiler = sys.modules.get("torch.autograd.profiler")
+        tracker = getattr(profiler, "KinetoStepTracker", None)
+        register = getattr(optim, "register_optimizer_step_post_hook", None)
+        if tracker is None or register is None or not hasattr(tracker, "_current_step"):
+            return None
+        try:
+            steps = StepPublisher(os.path.join(self.registry, steps_filename(rec["pid_namespace"], rec["pid"])), tracker)
+        except (OSError, ValueError) as exc:
+            self._warn(f"step count not published (captures of rank {rec['global_rank']} cannot start on one "
+                       f"iteration): {exc}")
+            return None
+        steps.handle = register(steps.on_step)
+        self.steps = steps
+        return steps
+
     def _retire_ancestor(self, own: str) -> None:
         inherited = self.env.get(FALLBACK_ENV, "")
         if not inherited or inherited == own:
@@ -145,6 +172,8 @@ class Registrar:
         if self.pid == os.getpid():  # a forked child inherits atexit and signal handlers; only the writer removes
             remove_quietly(self.path)
             self.path = None
+            if self.steps is not None and self.steps.pid == os.getpid():
+                self.steps.close()
 
     def _warn(self, message: str) -> None:
         if not self.warned:
