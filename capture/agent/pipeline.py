@@ -419,6 +419,7 @@ class Pipeline:
         verdict = await self._run_verifier(path, self._expectation(rec, rec.observed_at))
         rec.verdict = verdict.to_dict()
         rec.verdict.pop("optimizer_spans", None)   # mapped to step numbers below; not worth keeping on disk
+        rec.verdict.pop("collection", None)
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
         if rec.trace_id is None:
@@ -426,7 +427,11 @@ class Pipeline:
         if spec.iterations:
             traced = self._traced_steps(rec, verdict)
             if traced is not None:
-                rec.verdict.update(step_first=traced[0], step_last=traced[1])
+                # Kineto stops a collection at its own pace (a busy trainer's profiler thread can be
+                # a step or two late): the capture's iterations are the requested ones from the
+                # first; `collected_last` keeps how far the collection really went
+                last = traced[0] + spec.iterations - 1 if traced[1] - traced[0] + 1 >= spec.iterations else traced[1]
+                rec.verdict.update(step_first=traced[0], step_last=last, step_collected_last=traced[1])
             if spec.start_iteration is not None and traced is not None \
                     and traced[0] != first_traced_step(spec.start_iteration):
                 try:
@@ -439,25 +444,22 @@ class Pipeline:
                                   f"{first_traced_step(spec.start_iteration)}): Kineto took the config after that "
                                   f"iteration and started at its next step; the misaligned trace was not kept")
         detail = f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}"
-        if spec.iterations and not verdict.optimizer_steps:
+        if spec.iterations and not verdict.optimizer_steps and rec.verdict.get("step_first") is None:
             detail += "; NOT an iteration trace: the process never stepped an optimizer"
-            log.warning("trace.not_stepping", pid=exp.pid, iterations=spec.iterations)
+            log.warning("trace.not_stepping", pid=(rec.worker or {}).get("pid"), iterations=spec.iterations)
         self._set(rec, S.VERIFIED, detail)
 
     def _traced_steps(self, rec: TargetRecord, verdict: Verdict) -> tuple[int, int] | None:
-        """The first and last optimizer step (the process's n-th `optimizer.step()`) the trace holds,
-        from the hook's step counter: each `Optimizer.step#` span encloses the post-hook that
-        published its count. None when the process publishes no counter or its ring no longer
-        reaches back to the trace."""
-        if not verdict.optimizer_spans:
-            return None
+        """The first and last optimizer step (the hook's count) whose work the trace holds, from
+        Kineto's own collection span ("PyTorch Profiler (0)", there whatever the activity types).
+        None when the process publishes no counter, the trace has no such span, or the hook's ring
+        no longer reaches back to it."""
         steps = self._step_log(rec)
         if steps is None:
             return None
-        found = steps.steps_within(verdict.optimizer_spans)
-        if any(s is None for s in found):
+        if verdict.collection is None:
             return None
-        return min(found), max(found)  # type: ignore[type-var]
+        return steps.steps_during(*verdict.collection)
 
     # --- archive ------------------------------------------------------------------------------
 
@@ -493,7 +495,10 @@ class Pipeline:
             trace_id=rec.trace_id, event_count=verdict.get("event_count"),
             iterations=None if not spec.iterations else _iterations(spec, verdict))
         note = ""
-        if rec.status.artifact.iterations and not rec.status.artifact.iterations["stepped"]:
+        if rec.status.artifact.iterations and rec.status.artifact.iterations["numbering"] == "optimizer_step":
+            it = rec.status.artifact.iterations
+            note = f"; optimizer steps {it['first']}..{it['last']}"
+        elif rec.status.artifact.iterations and not rec.status.artifact.iterations["stepped"]:
             note = (f"; NOT {spec.iterations} iterations: the process never stepped an optimizer, so Kineto "
                     f"traced a short time window instead")
         self._set(rec, S.ARCHIVED, f"archived to {uri}{note}")  # the local copy goes only once this is on disk (run)
@@ -601,13 +606,14 @@ def _iterations(spec, verdict: dict) -> dict:
     the trace (every rank of an aligned capture has the same ones, with or without torch.profiler
     in the loop), else the trace's own ProfilerStep#N markers."""
     counted = verdict.get("step_first") is not None
+    steps = verdict["step_last"] - verdict["step_first"] + 1 if counted else int(verdict.get("optimizer_steps") or 0)
     return {"requested": spec.iterations, "roundup": 1 if spec.start_iteration is not None else (spec.iteration_roundup or 1),
             "start": spec.start_iteration,
             "numbering": "optimizer_step" if counted else "profiler_step",
             "first": verdict.get("step_first") if counted else verdict.get("first_step"),
             "last": verdict.get("step_last") if counted else verdict.get("last_step"),
-            "optimizer_steps": int(verdict.get("optimizer_steps") or 0),
-            "stepped": bool(verdict.get("optimizer_steps"))}
+            **({"collected_last": verdict.get("step_collected_last")} if counted else {}),
+            "optimizer_steps": steps, "stepped": steps > 0}
 
 
 def _process_key(worker: dict | None) -> tuple | None:

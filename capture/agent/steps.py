@@ -10,10 +10,10 @@ From it the agent learns, without asking the job anything:
   post-hook that published its count, so a span's [start, end] names its step (`steps_within`).
 
 Kineto's iteration number is the count less one (its counter starts at -1 and each `step()`
-increments it first); `KINETO_FIRST_TRACED` says how a start iteration N shows in a trace (the
-first traced optimizer step is count N + 2: the step that moves Kineto to N starts the trace
-inside its own span, so the next step is the first one recorded whole; measured with torch 2.13
-by tests/agent/test_start_iteration_torch.py).
+increments it first); `KINETO_FIRST_TRACED` says how a start iteration N shows in a trace: the
+post-hook of step N + 1 moves Kineto to N and starts the collection, so the first step whose work
+is collected is N + 2 (measured with torch 2.13 by tests/agent/test_start_iteration_torch.py: start
+361 and 3 iterations collected steps 362..365's post-hooks, i.e. the work of steps 363..365).
 """
 
 from __future__ import annotations
@@ -68,6 +68,20 @@ class StepLog:
         if span <= 0:
             return None
         return (self.steps[-1] - self.steps[lo]) / span
+
+    def steps_during(self, start: float, end: float) -> tuple[int, int] | None:
+        """The first and last optimizer step whose work a collection [start, end] (unix seconds)
+        holds, or None when it holds none or the ring no longer reaches back to `start`.
+
+        Step s's work runs from step s-1's post-hook to its own. Kineto starts and stops a
+        collection *inside* a post-hook (PyTorch's, just before ours), so the boundary steps' own
+        post-hook times sit microseconds from the edges; the midpoint of each step's work is half
+        a step away from them, which no clock difference between Kineto and `time.time_ns` blurs."""
+        if len(self.times) < 2 or self.times[0] > start:
+            return None
+        inside = [s for (p, tp), (s, ts) in zip(zip(self.steps, self.times), zip(self.steps[1:], self.times[1:]))
+                  if s == p + 1 and start <= (tp + ts) / 2 <= end]
+        return (inside[0], inside[-1]) if inside else None
 
     def steps_within(self, spans: list[tuple[float, float]]) -> list[int | None]:
         """For each (start, end) unix-seconds span, the step whose post-hook time lies inside it

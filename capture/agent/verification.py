@@ -78,6 +78,7 @@ class Verdict:
     last_step: int | None = None
     optimizer_steps: int = 0        # Optimizer.step#... spans
     optimizer_spans: list[tuple[float, float]] = field(default_factory=list)  # their [start, end], unix seconds (first MAX_SPANS)
+    collection: tuple[float, float] | None = None   # Kineto's own "PyTorch Profiler (0)" span: collection start..stop, unix s
 
     @property
     def detail(self) -> str:
@@ -110,6 +111,7 @@ class _Tally:
         self.steps: list[int] = []
         self.optimizer_steps = 0
         self.optimizer_spans: list[tuple[Any, Any]] = []   # (ts, ts + dur) in the trace's microseconds
+        self.collection: tuple[Any, Any] | None = None     # Kineto's "Trace" span, same units
 
     @property
     def categories(self) -> dict[str, int]:
@@ -169,6 +171,9 @@ class _Tally:
         if "user_annotation" in cat_set:
             for item in compress(batch, map(eq, cats, repeat("user_annotation"))):
                 self._step(item)
+        if "Trace" in cat_set:
+            for item in compress(batch, map(eq, cats, repeat("Trace"))):
+                self._collection(item)
         return True
 
     def one(self, item: Any) -> None:
@@ -195,6 +200,15 @@ class _Tally:
             self.foreign_pids[pid if _hashable(pid) else repr(pid)] += 1
         if cat == "user_annotation":
             self._step(item)
+        elif cat == "Trace":
+            self._collection(item)
+
+    def _collection(self, item: dict) -> None:
+        """Kineto's span over the whole collection ("PyTorch Profiler (0)", cat "Trace")."""
+        ts, dur, name = item.get("ts"), item.get("dur"), item.get("name")
+        if (self.collection is None and item.get("ph") == "X" and isinstance(name, str)
+                and name.startswith("PyTorch Profiler") and type(ts) in _NUMBERS and type(dur) in _NUMBERS):
+            self.collection = (ts, ts + dur)
 
     def _step(self, item: dict) -> None:
         if item.get("ph") == "X":
@@ -330,8 +344,11 @@ def _verify(path: str, exp: Expectation, chunk: int, sha: _Sha256) -> Verdict:
         _add(problems, "requested activity types absent: " + ", ".join(missing))
     spans = [(base / 1e9 + a / 1e6, base / 1e9 + b / 1e6) for a, b in sorted(tally.optimizer_spans)] \
         if isinstance(base, int) else []
+    collection = (base / 1e9 + tally.collection[0] / 1e6, base / 1e9 + tally.collection[1] / 1e6) \
+        if isinstance(base, int) and tally.collection is not None else None
     return Verdict(not problems, problems, size, sha.hexdigest(), events, cats, found_id, first, last,
-                   min(steps) if steps else None, max(steps) if steps else None, tally.optimizer_steps, spans)
+                   min(steps) if steps else None, max(steps) if steps else None, tally.optimizer_steps, spans,
+                   collection)
 
 
 def _add(problems: list[str], text: str) -> None:

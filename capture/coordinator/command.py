@@ -81,6 +81,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--archive-margin-s", type=float, default=20.0, help="verify + archive allowance on the node")
     a("--report-margin-s", type=float, default=10.0, help="agent deadline -> coordinator deadline")
     a("--poll-interval-s", type=float, default=1.0, help="how often each agent is asked for statuses")
+    a("--start-lead-s", type=float, default=12.0, metavar="S",
+      help="iteration captures start every rank at one iteration this many seconds of the fastest rank's stepping "
+           "ahead of the furthest rank (dispatch + Kineto's 5 s poll); a rank past it anyway ends missed_start")
     a("--max-captures", type=int, default=200, help="finished captures kept in memory")
     a("--baseline-after-s", type=float, default=0.0, metavar="S",
       help="take one healthy baseline capture once the job has run S seconds (0: never; later reports compare "
@@ -148,7 +151,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             baseline_duration_ms=args.baseline_duration_ms,
             deadlines=DeadlinePolicy(start_delay_s=args.start_delay_s, archive_s=args.archive_margin_s,
                                      report_s=args.report_margin_s),
-            fanout=FanoutSettings(poll_interval_s=args.poll_interval_s))
+            fanout=FanoutSettings(poll_interval_s=args.poll_interval_s, start_lead_s=args.start_lead_s))
         coordinator = Coordinator(settings, discovery, client, annotations=sink,
                                   analysis=analysis_for(args, api_client))
         coordinator.schedule_baseline()

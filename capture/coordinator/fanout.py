@@ -35,6 +35,7 @@ class FanoutSettings:
     dispatch_concurrency: int = 8        # per agent
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 5.0
+    start_lead_s: float = 12.0           # iteration captures start this far ahead of the furthest rank (dispatch + Kineto's 5 s poll)
 
 
 #: Kineto starts an iteration trace at the next multiple of the round-up after the step count it has
@@ -51,7 +52,7 @@ def dispatch_for(record: CaptureRecord, p: TargetProgress) -> Dispatch:
                     activities=tuple(r.activities), deadline=record.agent_deadline, archive_prefix=record.archive_prefix,
                     local_rank=t.local_rank, pod=t.pod or None, pod_uid=t.pod_uid or None,
                     requested_at=record.requested_at, options=r.options, iterations=r.iterations,
-                    iteration_roundup=roundup)
+                    iteration_roundup=roundup, start_iteration=record.start_iteration if r.iterations else None)
 
 
 _OVERDUE = {

@@ -78,6 +78,7 @@ class CaptureRecord:
     analysis: dict[str, Any] = field(default_factory=lambda: {"state": "pending"})
     annotation: dict[str, Any] = field(default_factory=lambda: {"state": "disabled"})
     alert_resolved_at: str | None = None
+    start_iteration: int | None = None    # iteration captures: one absolute start for every rank (None: round-up)
     snapshot: Snapshot | None = None
     targets: dict[str, TargetProgress] = field(default_factory=dict)
     bus: EventBus = field(init=False)
@@ -158,6 +159,8 @@ class CaptureRecord:
             "alert_resolved_at": self.alert_resolved_at,
             "expected": len(self.targets), "counts": self.counts(),
         }
+        if self.request.iterations:
+            out["start_iteration"] = self.start_iteration
         if self.phase in Phase.DONE:
             out["missing_ranks"] = self.missing_ranks()
         if full:

@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 from capture.annotations import AnnotationSink, AnnotationSync, capture_annotation
 from capture.archive import ArchiveError, ArchiveStore, open_archive
-from capture.models import CaptureReason, CaptureRequest, FailureReason, TargetState, new_capture_id
+from capture.models import CaptureReason, CaptureRequest, FailureReason, StepReading, TargetState, new_capture_id
 from gpulens.logs import get_logger
 
-from .agents import AgentClient
+from .agents import AgentClient, AgentError
 from .analysis_runner import AnalysisRunner
 from .archived import list_kept, read_archived
 from .deadlines import DeadlinePolicy, DelayTracker
@@ -32,6 +32,7 @@ from .fanout import AgentWorker, FanoutSettings
 from .manifests import build_manifest, capture_prefix, check_artifacts, write_manifest
 from .metrics import CoordinatorMetrics
 from .progress import CaptureRecord, Phase
+from .start_iteration import StartPlan, plan_start
 
 __all__ = ["CoordinatorSettings", "Coordinator", "CaptureBusy", "RequestMismatch"]
 
@@ -211,7 +212,14 @@ class Coordinator:
                 clog.warning("discovery.warning", detail=w)
             clog.info("capture.prepared", targets=len(snapshot.targets), dispatchable=len(snapshot.dispatchable),
                       world_size=snapshot.world_size)
-            d = self.settings.deadlines.compute(time.time(), record.request.duration_ms, self.delays.estimate())
+            window_ms = record.request.duration_ms
+            if record.request.iterations:
+                plan = await self._plan_start(record)
+                record.start_iteration = plan.iteration
+                record.note("start_iteration", iteration=plan.iteration, detail=plan.detail)
+                clog.info("capture.start_iteration", iteration=plan.iteration, detail=plan.detail)
+                window_ms = max(window_ms, min(600_000, int(plan.window_s * 1000)))
+            d = self.settings.deadlines.compute(time.time(), window_ms, self.delays.estimate())
             record.agent_deadline, record.deadline, record.quiet_until = d.agent, d.coordinator, d.quiet_until
             record.set_phase(Phase.CAPTURING)
             self._annotate(record)
@@ -241,6 +249,31 @@ class Coordinator:
                 self.metrics.capture_ended(record)
                 self._annotate(record)
                 self._keep_copy(record)
+
+    async def _plan_start(self, record: CaptureRecord) -> StartPlan:
+        """Ask each node agent for its ranks' step counts (a failed agent just reads as silent)."""
+        s = self.settings
+        urls = sorted({p.target.agent_url for p in record.targets.values() if not p.terminal and p.target.agent_url})
+
+        async def one(url: str) -> list[dict[str, Any]]:
+            try:
+                return await asyncio.wait_for(self.agents.workers(url), 5.0)
+            except (AgentError, asyncio.TimeoutError) as exc:
+                self.log.warning("start_iteration.agent_silent", capture_id=record.capture_id, agent=url, error=str(exc))
+                return []
+        views = [w for ws in await asyncio.gather(*(one(u) for u in urls)) for w in ws]
+        readings: dict[int, StepReading | None] = {p.target.rank: None for p in record.targets.values() if not p.terminal}
+        for w in views:
+            if (w.get("job_id"), w.get("attempt"), w.get("alive")) != (s.job_id, s.attempt, True) \
+                    or w.get("global_rank") not in readings or not w.get("steps"):
+                continue
+            try:
+                readings[w["global_rank"]] = StepReading.from_dict(w["steps"])
+            except ValueError as exc:
+                self.log.warning("start_iteration.bad_reading", capture_id=record.capture_id, rank=w["global_rank"],
+                                 error=str(exc))
+        return plan_start(readings, record.request.iterations or 1, now=time.time(),
+                          lead_s=self.settings.fanout.start_lead_s)
 
     async def _fan_out(self, record: CaptureRecord) -> None:
         cancel = self._cancel[record.capture_id]

@@ -12,7 +12,10 @@ Kineto's top-level keys, REQUEST_TRACE_ID as `trace_id`, and the requested activ
 ACTIVITY_TYPES), `refuse` (fetches the config, then drops it as Kineto does on "insufficient time
 for warmup": it never turns busy, keeps polling idle, writes no trace, the reason only in its own
 log), `no_file` (traces, busy polls and all, then goes idle without writing a file, as Kineto does
-when its log file cannot be opened or a torch.profiler session cancels the trace).
+when its log file cannot be opened or a torch.profiler session cancels the trace), `between_polls`
+(an iteration trace of a few fast steps, which real Kineto starts and finishes between two of its
+5 s polls: such a trace runs inside the poll loop, so no poll ever says busy; time-based ones run
+as usual).
 `start_gate`: an Event the trace waits for before it opens its file, as a rank whose
 iteration-aligned start comes a round-up later than another rank's does.
 """
@@ -61,7 +64,9 @@ class FakeKineto(threading.Thread):
                         key, value = (part.strip() for part in line.split("="))
                         cfg[key] = value
                 self.configs.append(cfg)
-                if self.mode != "refuse":    # a refused config never activates the profiler
+                if self.mode == "between_polls" and int(cfg.get("ACTIVITIES_ITERATIONS", "0")) > 0:
+                    self._trace(cfg)          # no poll while it runs: never seen busy
+                elif self.mode != "refuse":    # a refused config never activates the profiler
                     self.tracing = True
                     threading.Thread(target=self._trace, args=(cfg,), daemon=True).start()
             self._halt.wait(self.poll_s)

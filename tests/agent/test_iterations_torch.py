@@ -118,8 +118,9 @@ def check_aligned(site: Site, paused: int, done: dict) -> None:
         assert len(optimizer) == ITERATIONS, len(optimizer)
         assert steps and steps[0] >= paused and steps[-1] - steps[0] <= ITERATIONS, steps
         it = st.artifact.iterations
-        assert it == {"requested": ITERATIONS, "roundup": ROUNDUP, "first": steps[0], "last": steps[-1],
-                      "optimizer_steps": ITERATIONS, "stepped": True}
+        # numbered by the hook's step counter: ProfilerStep#N is the step that takes the count to N + 1
+        assert it == {"requested": ITERATIONS, "roundup": ROUNDUP, "start": None, "numbering": "optimizer_step",
+                      "first": steps[0] + 1, "last": steps[-1] + 1, "optimizer_steps": ITERATIONS, "stepped": True}
         spans[rec["global_rank"]] = (steps[0], steps[-1])
     kineto = [line for line in (site.base / "trainer.log").read_text().splitlines()
               if "iteration" in line.lower() or "Received config" in line][-30:]

@@ -3,10 +3,10 @@
 Two refusals real torch makes (measured; its own log lines are checked alongside):
 - a config it cannot parse ("Failed to parse config", then "start timestamp is in the past"): it
   never goes busy, so the endpoint reports `refused`/`not_started`;
-- a second config while an iteration-aligned one waits for its start iteration ("Ignored request -
-  another profile request is pending."): the second capture's target ends `failed(kineto_refused)`
-  naming the capture whose config Kineto holds, and the waiting one times out saying it waited
-  for its iteration.
+- a second config while an iteration-aligned one waits for its start iteration would be ignored
+  ("Ignored request - another profile request is pending."): the agent never sends it (the second
+  capture's target waits, naming the capture whose config Kineto holds, and ends
+  `failed(busy_timeout)`), and the waiting one times out saying it waited for its iteration.
 One stepping rank (stepping_trainer.py under torchrun, world size 1).
 """
 
@@ -83,7 +83,11 @@ async def test_a_config_real_kineto_cannot_parse_is_reported_dropped(site):
                    for p in (site.base / "traces").iterdir())
 
 
-async def test_a_capture_while_an_iteration_capture_waits_is_refused_naming_it(site):
+async def test_a_capture_while_an_iteration_capture_waits_is_never_sent_to_kineto(site):
+    """While Kineto holds a fetched iteration config unstarted it ignores new ones ("Ignored request
+    - another profile request is pending."). The agent knows the earlier config is out with that
+    process, so it keeps the second one back (`waiting_for_slot`, naming the holder) and, with the
+    earlier one still held at the deadline, ends it `busy_timeout`: Kineto never sees it."""
     running = await start_agent(site.options())
     rec = site.records("refuse")[0]
 
@@ -107,9 +111,8 @@ async def test_a_capture_while_an_iteration_capture_waits_is_refused_naming_it(s
             held = (await converge(client, "c-held-iter-a", timeout=60))["rank-0"]
     finally:
         await running.stop()
-    assert second.reason.value == "kineto_refused", second
-    assert "another profile request is pending" in second.detail
-    assert "held by capture c-held-iter-a target rank-0" in second.detail
-    assert "Ignored request - another profile request is pending." in site.log.read_text()   # Kineto agrees
+    assert second.reason.value == "busy_timeout", second
+    assert "capture c-held-iter-a target rank-0's config" in second.detail and "would ignore" in second.detail
+    assert "Ignored request - another profile request is pending." not in site.log.read_text()   # never sent
     assert held.reason.value == "trace_timeout", held
     assert "waits for its start iteration" in held.detail and "kineto_refused" not in held.detail

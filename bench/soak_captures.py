@@ -1,0 +1,58 @@
+"""Capture after capture: N captures back to back on a real 4-rank torch job over two node agents.
+
+    .venv/bin/python bench/soak_captures.py [--captures 50] [--trigger builtin|dynolog|both]
+
+Prints, per trigger, the success rate (fully archived captures), the failures by reason, the
+iteration captures' alignment, trace files left on the nodes, "Failed to open" lines in the
+trainers' logs, and the median / max seconds per capture (iteration captures and wall-clock
+windows apart). Recorded in BENCHMARKS.md ("Capture after capture").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.coordinator.soak import Soak  # noqa: E402
+
+
+async def one(trigger: str, n: int) -> None:
+    async with Soak(trigger=trigger) as soak:
+        results = await soak.run(n)
+        loose = await soak.settled()
+        opened = [line for node in soak.nodes for line in node.failed_to_open()]
+        refused = len(soak.refused_while_running)
+    reasons = Counter(t["reason"] for r in results for t in r.targets.values() if t["state"] != "archived")
+    iters = [r for r in results if r.kind == "iterations"]
+    aligned = sum(1 for r in iters if r.fully_archived and r.misaligned() is None)
+    print(f"\n== trigger {trigger}: {n} captures (4 ranks, 2 agents)")
+    print(f"fully archived        {sum(r.fully_archived for r in results)}/{n}")
+    print(f"failed targets        {dict(reasons) or 'none'}")
+    print(f"unproven failures     {sum(len(r.unproven()) for r in results)}")
+    print(f"iteration captures    {len(iters)}, aligned on all ranks {aligned}")
+    print(f"refused while running {refused} (409 naming the holder)")
+    print(f"traces left on nodes  {len(loose)}")
+    print(f"'Failed to open'      {len(opened)}")
+    for kind in ("iterations", "window"):
+        secs = [r.seconds for r in results if r.kind == kind]
+        if secs:
+            print(f"seconds per capture   {kind:10s} median {statistics.median(secs):5.1f}  max {max(secs):5.1f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--captures", type=int, default=50)
+    p.add_argument("--trigger", choices=["builtin", "dynolog", "both"], default="both")
+    a = p.parse_args()
+    for trigger in (["builtin", "dynolog"] if a.trigger == "both" else [a.trigger]):
+        asyncio.run(one(trigger, a.captures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Capture after capture on a real 4-rank PyTorch job over two node agents (issue 34's soak).
+
+Two "nodes", each with its own hostPath folders (registry, traces, state), its own Kineto IPC
+socket folder and its own `gpulens agent` process (builtin endpoint, or a dynolog double per node
+that the agent talks to over RPC); two ranks of one gloo job on each (plain_trainer.py: a plain
+loop, no torch.profiler), armed by the real hook. One in-process coordinator fans out to both.
+The nodes share the machine's network namespace: they are kept apart by their folders, sockets and
+agents, which is what the capture plane's per-node paths depend on (the two-node cluster is
+issue 33's).
+
+`Soak.run(n)` starts n captures back to back, alternating iteration captures (3 steps, one start
+iteration chosen by the coordinator) and 500 ms wall-clock windows; every third one is followed
+at once by a second request while it runs, which the coordinator must refuse (409 in HTTP:
+`CaptureBusy` naming the holder). Used by tests/coordinator/test_soak_real.py (a short run in the
+suite) and bench/soak_captures.py (50 captures, recorded in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from capture.coordinator import DeadlinePolicy, FanoutSettings
+from capture.coordinator.service import CaptureBusy
+from capture.models import CaptureReason, CaptureRequest
+from hooks import hook_path
+from tests.conftest import free_port
+from tests.coordinator.conftest import AGENT_TOKEN, make_coordinator
+from tests.coordinator.servers import GpulensProcess
+from tests.doubles.dynolog_double import DynologDouble
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = str(REPO / "tests" / "agent" / "plain_trainer.py")
+POLICY = DeadlinePolicy(start_delay_s=12.0, dispatch_s=3.0, write_s=4.0, write_per_window=0.5, archive_s=10.0,
+                        report_s=4.0)
+#: reasons a target may end with whose evidence the agent states (a rank past the start, a process
+#: that still held an earlier config): anything else is a false or unexplained failure
+PROVEN = {"missed_start", "busy_timeout"}
+
+
+class SoakNode:
+    def __init__(self, name: str, base: Path, archive: Path):
+        self.name, self.base, self.archive = name, base / name, archive
+        self.sock = tempfile.mkdtemp(prefix="gl-", dir="/tmp")      # sun_path: keep it short
+        for d in ("reg", "traces", "state"):
+            (self.base / d).mkdir(parents=True)
+            os.chmod(self.base / d, 0o1777)
+        os.chmod(self.sock, 0o777)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.trainers: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        self.agent: GpulensProcess | None = None
+        self.dynolog: DynologDouble | None = None
+
+    def start_rank(self, rank: int, local_rank: int, world: int, master_port: int, stop_file: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_"))}
+        env.update(PYTHONPATH=str(hook_path()), OMP_NUM_THREADS="1", GPULENS_JOB_ID="soak", GPULENS_ATTEMPT="0",
+                   GPULENS_NAMESPACE="ml", GPULENS_POD_NAME=f"soak-{self.name}", GPULENS_POD_UID=f"uid-{self.name}",
+                   GPULENS_NODE_NAME=self.name, GPULENS_CONTAINER_NAME="trainer",
+                   GPULENS_REGISTRY_DIR=str(self.base / "reg"), GPULENS_TRACE_DIR=str(self.base / "traces"),
+                   GPULENS_SOCKET_DIR=self.sock, RANK=str(rank), LOCAL_RANK=str(local_rank),
+                   GROUP_RANK=self.name[-1], WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+        log = self.base / f"trainer-{rank}.log"
+        self.logs.append(log)
+        with open(log, "wb") as out:
+            self.trainers.append(subprocess.Popen([sys.executable, TRAINER, str(stop_file), "3000"], env=env,
+                                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+
+    async def start_agent(self, token_file: Path, trigger: str) -> None:
+        args = ["agent", "--listen", f"127.0.0.1:{self.port}", "--node", self.name,
+                "--registry-dir", str(self.base / "reg"), "--trace-dir", str(self.base / "traces"),
+                "--state-dir", str(self.base / "state"), "--archive-root", f"file://{self.archive}",
+                "--token-file", str(token_file)]
+        if trigger == "dynolog":
+            self.dynolog = DynologDouble(socket_dir=self.sock)
+            await self.dynolog.__aenter__()
+            args += ["--trigger", "dynolog", "--dynolog-addr", f"127.0.0.1:{self.dynolog.port}"]
+        else:
+            args += ["--trigger", "builtin", "--socket-dir", self.sock]
+        self.agent = await GpulensProcess(args, self.base / "agent.log").start()
+        await self.agent.wait_ready(self.url)
+
+    def records(self) -> list[Path]:
+        return sorted((self.base / "reg").glob("*.json"))
+
+    def loose_traces(self) -> list[str]:
+        """Trace files still on the node (finished ones; `.tmp` is Kineto at work)."""
+        return sorted(str(p.relative_to(self.base)) for p in (self.base / "traces").rglob("*.json"))
+
+    def failed_to_open(self) -> list[str]:
+        return [line for log in self.logs for line in log.read_text(errors="replace").splitlines()
+                if "Failed to open" in line]
+
+    async def stop(self) -> None:
+        if self.agent:
+            await self.agent.stop()
+        if self.dynolog is not None:
+            await self.dynolog.__aexit__(None, None, None)
+        for t in self.trainers:
+            if t.poll() is None:
+                try:
+                    await asyncio.to_thread(t.wait, 20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(t.pid, signal.SIGKILL)
+                    t.wait()
+        shutil.rmtree(self.sock, ignore_errors=True)
+
+
+@dataclass
+class CaptureResult:
+    capture_id: str
+    kind: str                        # iterations | window
+    seconds: float
+    phase: str
+    targets: dict[str, dict]         # target id -> state, reason, detail, iterations
+    start_iteration: int | None = None
+
+    @property
+    def fully_archived(self) -> bool:
+        return self.phase == "converged" and all(t["state"] == "archived" for t in self.targets.values())
+
+    def unproven(self) -> list[str]:
+        return [f"{tid}: {t['reason']}: {t['detail']}" for tid, t in self.targets.items()
+                if t["state"] != "archived" and t["reason"] not in PROVEN]
+
+    def misaligned(self) -> str | None:
+        """For an iteration capture whose ranks were all archived: differing iterations, if any."""
+        if self.kind != "iterations" or not self.fully_archived:
+            return None
+        spans = {tid: (t["iterations"] or {}).get("first") for tid, t in self.targets.items()}
+        lasts = {tid: (t["iterations"] or {}).get("last") for tid, t in self.targets.items()}
+        if len(set(spans.values())) != 1 or len(set(lasts.values())) != 1 or None in spans.values():
+            return f"first {spans}, last {lasts}"
+        return None
+
+
+@dataclass
+class Soak:
+    trigger: str = "builtin"
+    base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gl-soak-", dir="/var/tmp")))
+    results: list[CaptureResult] = field(default_factory=list)
+    refused_while_running: list[str] = field(default_factory=list)
+
+    async def __aenter__(self) -> "Soak":
+        self.archive, self.stop_file = self.base / "archive", self.base / "stop"
+        token = self.base / "agent.token"
+        token.write_text(AGENT_TOKEN)
+        self.nodes = [SoakNode("node-1", self.base, self.archive), SoakNode("node-2", self.base, self.archive)]
+        port = free_port()
+        for i, node in enumerate(self.nodes):
+            for local in (0, 1):
+                node.start_rank(2 * i + local, local, 4, port, self.stop_file)
+        await asyncio.gather(*(n.start_agent(token, self.trigger) for n in self.nodes))
+        end = time.time() + 240
+        while not all(len(n.records()) == 2 and all(json.loads(r.read_text()).get("identity") == "process_group"
+                                                      for r in n.records()) for n in self.nodes):
+            if time.time() > end:
+                raise AssertionError(f"the ranks did not register: {[n.records() for n in self.nodes]}")
+            for n in self.nodes:
+                for t, log in zip(n.trainers, n.logs):
+                    if t.poll() is not None:
+                        raise AssertionError(log.read_text()[-3000:])
+            await asyncio.sleep(0.3)
+        registry = self.base / "registry"                   # the coordinator's view of both nodes' records
+        registry.mkdir()
+        for n in self.nodes:
+            for rec in n.records():
+                (registry / rec.name).symlink_to(rec)
+        self.http = aiohttp.ClientSession()
+        self.coordinator = make_coordinator(self.base, self.http, {n.name: n.url for n in self.nodes},
+                                            job="soak", registry=registry, policy=POLICY,
+                                            fanout=FanoutSettings(poll_interval_s=0.5, max_poll_interval_s=2.0),
+                                            archive_root=f"file://{self.archive}")
+        end = time.time() + 120                             # a job that trains: every rank has stepped
+        while True:
+            views = [w for n in self.nodes for w in await self.coordinator.agents.workers(n.url)]
+            if len(views) == 4 and all((w.get("steps") or {}).get("count", 0) >= 20 for w in views):
+                return self
+            if time.time() > end:
+                raise AssertionError(f"the ranks did not step: {[w.get('steps') for w in views]}")
+            await asyncio.sleep(0.5)
+
+    async def __aexit__(self, *exc) -> None:
+        with contextlib.suppress(Exception):
+            await self.coordinator.close()
+        await self.http.close()
+        self.stop_file.touch()
+        await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    async def capture(self, i: int) -> CaptureResult:
+        kind = "iterations" if i % 2 == 0 else "window"
+        request = CaptureRequest(job_id="soak", duration_ms=30_000 if kind == "iterations" else 500,
+                                 iterations=3 if kind == "iterations" else None, requested_by="soak",
+                                 reason=CaptureReason(kind="manual", text=f"soak {i}"))
+        began = time.time()
+        record, _ = self.coordinator.start(request)
+        if i % 3 == 2:   # a second request while this one runs: refused up front, naming the holder
+            try:
+                self.coordinator.start(CaptureRequest(job_id="soak", duration_ms=500, requested_by="soak",
+                                                      reason=CaptureReason(kind="manual", text="overlap")))
+            except CaptureBusy as busy:
+                self.refused_while_running.append(str(busy))
+            else:
+                raise AssertionError("a capture was accepted while another of the same job ran")
+        await self.coordinator.wait(record.capture_id)
+        status = record.to_status(full=True)
+        targets = {t["target_id"]: {"state": t["state"], "reason": t.get("reason"), "detail": t.get("detail"),
+                                    "iterations": (t.get("artifact") or {}).get("iterations")}
+                   for t in status["targets"]}
+        result = CaptureResult(record.capture_id, kind, time.time() - began, record.phase, targets,
+                               record.start_iteration)
+        self.results.append(result)
+        return result
+
+    async def run(self, n: int) -> list[CaptureResult]:
+        for i in range(n):
+            await self.capture(i)
+        return self.results
+
+    async def settled(self, timeout: float = 120.0) -> list[str]:
+        """Trace files left on the nodes once every lingering target had its chance (ideally none)."""
+        end = time.time() + timeout
+        while True:
+            loose = [f"{n.name}/{p}" for n in self.nodes for p in n.loose_traces()]
+            if not loose or time.time() > end:
+                return loose
+            await asyncio.sleep(0.5)

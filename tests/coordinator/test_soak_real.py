@@ -1,0 +1,40 @@
+"""Capture after capture on a real 4-rank torch job over two node agents (issue 34), both triggers.
+
+A short run of tests/coordinator/soak.py (bench/soak_captures.py runs 50): every capture converges,
+fully archived or with a failure whose reason the evidence proves; every iteration capture has the
+identical optimizer steps on all four ranks, starting where the coordinator said; a request while
+one runs is refused naming it; no trace is left on a node, and no trainer logged "Failed to open".
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from capture.agent.steps import first_traced_step
+from tests.coordinator.soak import Soak
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(900)]
+
+CAPTURES = 8
+
+
+@pytest.mark.parametrize("trigger", ["builtin", "dynolog"])
+async def test_capture_after_capture_every_one_true_and_aligned(trigger):
+    async with Soak(trigger=trigger) as soak:
+        results = await soak.run(CAPTURES)
+        loose = await soak.settled()
+        failed_to_open = [line for n in soak.nodes for line in n.failed_to_open()]
+        refused = list(soak.refused_while_running)
+    summary = [(r.capture_id, r.kind, r.phase, {t: (v["state"], v["reason"]) for t, v in r.targets.items()})
+               for r in results]
+    assert all(r.phase == "converged" and len(r.targets) == 4 for r in results), summary
+    assert [u for r in results for u in r.unproven()] == [], summary
+    assert sum(r.fully_archived for r in results) >= CAPTURES - 1, summary    # a missed start at most, said so
+    for r in results:
+        if r.kind == "iterations" and r.fully_archived:
+            assert r.misaligned() is None, (r.capture_id, r.misaligned())
+            firsts = {v["iterations"]["first"] for v in r.targets.values()}
+            assert firsts == {first_traced_step(r.start_iteration)}, (r.capture_id, firsts, r.start_iteration)
+    assert len(refused) == CAPTURES // 3 and all("is still" in text for text in refused), refused
+    assert loose == [], loose                       # nothing left unarchived on a node
+    assert failed_to_open == [], failed_to_open     # no trainer lost a trace to a missing folder
