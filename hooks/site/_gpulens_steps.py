@@ -64,10 +64,14 @@ class StepPublisher:
         HEADER.pack_into(self.map, 0, MAGIC, VERSION, STEPS_SLOTS, -1, 0)
         self._entry, self._latest = ENTRY.pack_into, _LATEST.pack_into
         self.handle = None   # the optimizer hook's RemovableHandle, once registered
+        self.forked = False  # set in a forked child, which inherits the hook and the map: the file is its parent's
+        os.register_at_fork(after_in_child=self._in_child)
 
+    def _in_child(self) -> None:
+        self.forked = True
     def on_step(self, _optimizer=None, _args=None, _kwargs=None) -> None:
-        if os.getpid() != self.pid:
-            return  # a forked child inherited the hook and the map: the file is its parent's
+        if self.forked:
+            return  # no getpid() per step: a syscall; the fork hook marks a child once
         step = self.tracker._current_step
         now = time.time_ns()
         m = self.map

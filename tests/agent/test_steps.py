@@ -21,13 +21,15 @@ class Tracker:
     _current_step = 0
 
 
-def stepped(tmp_path: Path, n: int, *, start: int = 1) -> tuple[StepPublisher, list[int]]:
+def stepped(tmp_path: Path, n: int, *, start: int = 1, gap_s: float = 0.0) -> tuple[StepPublisher, list[int]]:
     pub = StepPublisher(str(tmp_path / steps_filename("pid:[4026531836]", 42)), Tracker)
     times = []
     for step in range(start, start + n):
         Tracker._current_step = step
         pub.on_step()
         times.append(time.time_ns())
+        if gap_s:
+            time.sleep(gap_s)     # steps apart by more than the spans' width, as real steps are
     return pub, times
 
 
@@ -49,7 +51,7 @@ def test_the_ring_keeps_only_its_last_lap(tmp_path):
 
 
 def test_a_span_names_the_step_whose_post_hook_it_encloses(tmp_path):
-    pub, _ = stepped(tmp_path, 10)
+    pub, _ = stepped(tmp_path, 10, gap_s=0.002)
     log = read_steps(pub.path)
     spans = [(t - 1e-6, t + 1e-6) for t in log.times[3:6]]
     assert log.steps_within(spans) == [4, 5, 6]
@@ -62,10 +64,17 @@ def test_a_span_names_the_step_whose_post_hook_it_encloses(tmp_path):
 
 def test_a_forked_child_never_writes_its_parents_file(tmp_path):
     pub, _ = stepped(tmp_path, 3)
-    pub.pid = -1              # as seen from a forked child: another pid
-    Tracker._current_step = 99
-    pub.on_step()
-    assert read_steps(pub.path).latest == 3
+    import os
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:                      # a forked child (a DataLoader worker, say) that steps
+        Tracker._current_step = 99
+        pub.on_step()
+        os.write(w, b"1" if pub.forked else b"0")
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(r, 1) == b"1"
+    assert read_steps(pub.path).latest == 3 and not pub.forked
 
 
 def test_closing_unhooks_before_it_unmaps(tmp_path):
