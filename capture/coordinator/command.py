@@ -180,6 +180,8 @@ def analysis_for(args: argparse.Namespace, api_client=None):
         from .analysis_runner import AnalysisRunner
         return AnalysisRunner(s3_endpoint=args.s3_endpoint, timeout_s=args.analysis_timeout_s)
     if args.analysis == "job":
+        from capture.archive.paths import host_dir
+
         from .analysis_job import AnalysisJobRunner, AnalysisJobSpec, OwnerRef
         owner = OwnerRef(args.coordinator_name, args.coordinator_uid) if args.coordinator_uid else None
         spec = AnalysisJobSpec(namespace=args.namespace, image=args.analysis_image, job_id=args.job,
@@ -189,7 +191,7 @@ def analysis_for(args: argparse.Namespace, api_client=None):
                                service_account=args.analysis_service_account,
                                env_from_secret=args.analysis_env_from_secret, resources=args.analysis_resources,
                                labels=dict(args.analysis_label), owner=owner, timeout_s=args.analysis_timeout_s,
-                               ttl_s=args.analysis_ttl_s)
+                               ttl_s=args.analysis_ttl_s, host_archive_dir=host_dir(args.archive_root))
         return AnalysisJobRunner(api_client if api_client is not None else _api_client(args.kubeconfig), spec)
     return None
 

@@ -2,7 +2,8 @@
 one target per worker.
 
 Per pod: the local world size is the `gpulens.dev/local-world-size` annotation (stamped at
-creation by the arming webhook, default 1); the base rank comes, in this order, from the
+creation by the arming webhook when the launch states it, default 1, raised by the workers'
+registration records); the base rank comes, in this order, from the
 registration records the pod's node agent reports (`GET /v1/workers`: what the workers really
 are), the `gpulens.dev/base-rank` annotation, an indexed Job's completion index, or a PyTorchJob
 replica index (times the local world size). The agent address is the pod's node (`{node}`) or

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from . import labels as L
 from .config import ArmingConfig
 from .jobs import attempt_of_pod, job_of_pod
+from .launcher import local_world_size
 
 __all__ = ["ArmingResult", "arm_pod", "armed_pod", "HOOK_VOLUME", "INIT_CONTAINER"]
 
@@ -153,8 +154,12 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: 
     lbl.setdefault(L.ATTEMPT, str(attempt_of_pod(pod) if attempt is None else attempt))
     ann = m.setdefault("annotations", {})
     if L.LOCAL_WORLD_SIZE not in ann:
+        # Only a number the pod's launch states; unknown: not written (the coordinator then
+        # counts the workers' registration records).
         first = next(c for c in containers if c.get("name") == targets[0])
-        ann[L.LOCAL_WORLD_SIZE] = str(_gpu_count(first) or 1)
+        lws = local_world_size(first, _gpu_count(first))
+        if lws is not None:
+            ann[L.LOCAL_WORLD_SIZE] = str(lws)
     s = out.setdefault("spec", {})
     have = {v.get("name") for v in s.get("volumes") or []}
     s["volumes"] = list(s.get("volumes") or []) + [v for v in hook_volumes(cfg) if v["name"] not in have]

@@ -2,25 +2,55 @@
 
 Only event watchers are used: they keep no state in annotations and put no finalizers on anyone's
 objects, so the operator never writes to trainer pods and an operator that is gone blocks no
-deletion. A missed or failed event costs nothing because the periodic resync redoes the same work.
+deletion. Events, not the periodic resync, are what make coordinators appear in seconds: a failed
+call is retried here with a short backoff (Kubernetes 1.20 refuses a Pod with 500 until its new
+ServiceAccount has a token; an alert must not wait a resync for that), and a deleted
+CaptureCoordinator's own DELETED event brings it back. The resync stays as the net for events
+that were never delivered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any
+from typing import Any, Callable
 
 import kopf
 
+from gpulens.logs import get_logger
+
 from . import labels as L
 from .jobs import job_of_pod
+from .kube import KubeError
 from .login import login_in_cluster
 from .reconcile import Reconciler
 
-__all__ = ["build_registry"]
+__all__ = ["build_registry", "RETRY_BACKOFF_S"]
+
+log = get_logger("operator")
+
+#: Seconds between attempts of a handler whose API calls failed (about 30 s in all, then the resync).
+RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 
 
-def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | None = None) -> kopf.OperatorRegistry:
+async def _retrying(what: str, fn: Callable[..., Any], *args: Any,
+                    backoff: tuple[float, ...] = RETRY_BACKOFF_S) -> Any:
+    """Run the blocking `fn(*args)` in a thread; on KubeError, again after each backoff step."""
+    for attempt, delay in enumerate((*backoff, None)):
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except KubeError as exc:
+            if delay is None:
+                log.warning("event.gave_up", what=what, attempts=attempt + 1, reason=str(exc),
+                            effect="the next resync retries")
+                return None
+            log.info("event.retry", what=what, attempt=attempt + 1, reason=str(exc), retry_in_s=delay)
+            await asyncio.sleep(delay)
+    return None
+
+
+def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | None = None,
+                   backoff: tuple[float, ...] = RETRY_BACKOFF_S) -> kopf.OperatorRegistry:
     """A fresh registry (never kopf's global one) with our handlers bound to `reconciler`."""
     registry = kopf.OperatorRegistry()
 
@@ -50,23 +80,38 @@ def build_registry(reconciler: Reconciler, connection: kopf.ConnectionInfo | Non
         settings.watching.label_selectors["v1", "pods"] = L.ARMED
 
     @kopf.on.event("v1", "pods", labels={L.ARMED: "true"}, registry=registry)
-    def armed_pod_changed(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def armed_pod_changed(body: kopf.Body, namespace: str | None, **_: Any) -> None:
         job = job_of_pod(body, namespace)
         if job is not None:
-            reconciler.reconcile_job(job.namespace, job.job_id)
+            await _retrying(f"job {job.namespace}/{job.job_id}", reconciler.reconcile_job, job.namespace,
+                            job.job_id, backoff=backoff)
+
+    def _coordinator_pod_gone(namespace: str, cc_name: str) -> None:
+        cc = reconciler.api.get_coordinator(namespace, cc_name)
+        if cc is not None and not cc["metadata"].get("deletionTimestamp"):
+            reconciler.ensure_children(cc)                # a lost coordinator Pod comes back
 
     @kopf.on.event("v1", "pods", labels={L.MANAGED_BY: L.MANAGER, L.COMPONENT: "coordinator"}, registry=registry)
-    def coordinator_pod_changed(type: str | None, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    async def coordinator_pod_changed(type: str | None, body: kopf.Body, namespace: str | None, **_: Any) -> None:
         if type == "DELETED":
             cc_name = (body.get("metadata") or {}).get("labels", {}).get(L.COORDINATOR_OF)
-            cc = reconciler.api.get_coordinator(namespace or "", cc_name) if cc_name else None
-            if cc is not None and not cc["metadata"].get("deletionTimestamp"):
-                reconciler.ensure_children(cc)            # a lost coordinator Pod comes back
-        reconciler.status_for_pod(dict(body))
+            if cc_name:
+                await _retrying(f"coordinator {namespace}/{cc_name}", _coordinator_pod_gone, namespace or "",
+                                cc_name, backoff=backoff)
+        await _retrying("coordinator status", reconciler.status_for_pod, dict(body), backoff=backoff)
 
     @kopf.on.event(L.GROUP, L.VERSION, L.PLURAL, registry=registry)
-    def coordinator_changed(type: str | None, body: kopf.Body, **_: Any) -> None:
-        if type in (None, "ADDED") and not body.get("metadata", {}).get("deletionTimestamp"):
-            reconciler.ensure_children(dict(body))
+    async def coordinator_changed(type: str | None, body: kopf.Body, **_: Any) -> None:
+        meta = body.get("metadata") or {}
+        if type == "DELETED":
+            # Deleted by hand (or by the garbage collector): the job decides whether it comes back,
+            # now, not at the next resync.
+            job_id = (body.get("spec") or {}).get("jobId")
+            if job_id and meta.get("namespace"):
+                await _retrying(f"job {meta['namespace']}/{job_id}", reconciler.reconcile_job, meta["namespace"],
+                                job_id, backoff=backoff)
+        elif type in (None, "ADDED") and not meta.get("deletionTimestamp"):
+            await _retrying(f"coordinator {meta.get('namespace')}/{meta.get('name')}", reconciler.ensure_children,
+                            dict(body), backoff=backoff)
 
     return registry

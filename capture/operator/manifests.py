@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping
 
+from capture.archive.paths import host_dir
+
 from . import labels as L
 from .config import OperatorConfig
 from .jobs import JobRef
@@ -187,6 +189,14 @@ def coordinator_pod(cc: Mapping[str, Any], config: OperatorConfig) -> dict[str, 
     }
     if config.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in config.image_pull_secrets]
+    archive_dir = host_dir(spec["archive"]["root"])
+    if archive_dir:
+        # file:// (one node): the host folder the node agent writes, at the same path. The agent
+        # runs as root and owns the folders it makes there, so the coordinator, which writes the
+        # manifest into them, runs as uid 0 too (still no capabilities, no escalation).
+        container["volumeMounts"].append({"name": "archive", "mountPath": archive_dir})
+        pod_spec["volumes"].append({"name": "archive", "hostPath": {"path": archive_dir, "type": "DirectoryOrCreate"}})
+        pod_spec["securityContext"].update(runAsNonRoot=False, runAsUser=0, runAsGroup=0)
     if c.node_selector:
         pod_spec["nodeSelector"] = dict(c.node_selector)
     if c.tolerations:

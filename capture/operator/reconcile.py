@@ -103,14 +103,15 @@ class Reconciler:
         if not cc.get("metadata", {}).get("uid"):
             return []
         ns, name = cc["metadata"]["namespace"], cc["metadata"]["name"]
-        done: list[str] = []
+        # The Service first: it needs nothing else, and a Pod create the API server refuses for a
+        # while (1.20: no token for the new ServiceAccount yet) must not hold it back.
+        done: list[str] = self._ensure_service(cc)
         # The Pod is created last, so an existing Pod means its ServiceAccount, RoleBinding and
         # Secrets were created before it (they are never changed, and go with the CR). Checking
         # the Pod alone keeps a restarted operator from writing anything, and the operator from
         # needing to read Secrets outside its own namespace.
         if self.api.get_pod(ns, name) is None:
             done += self._create_pod_and_its_objects(cc)
-        done += self._ensure_service(cc)
         if done:
             log.info("coordinator.children", namespace=ns, coordinator=name, created=",".join(done))
         return done

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import yaml
 
 VALUES_MARK, COMMANDS_MARK = "gpulens-cluster:values", "gpulens-cluster:commands"
+TRIAL_MARKS = ("gpulens-trial:values", "gpulens-trial:commands")
 _VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 
 
@@ -133,15 +134,18 @@ class Install:
     steps: list[Step]
 
     @classmethod
-    def from_readme(cls, readme: Path, env: dict[str, str]) -> "Install":
+    def from_readme(cls, readme: Path, env: dict[str, str], marks: tuple[str, str] = (VALUES_MARK, COMMANDS_MARK)
+                    ) -> "Install":
+        """`marks`: the (values, commands) markers; the test cluster's by default, TRIAL_MARKS for
+        the single-node trial in "Deploy on Kubernetes"."""
         text = readme.read_text()
-        values_text = block(text, VALUES_MARK, "yaml")
+        values_text = block(text, marks[0], "yaml")
         first = values_text.splitlines()[0] if values_text.strip() else ""
         name = re.match(r"#\s*(\S+\.ya?ml)", first)
         if not name:
             raise ReadmeError(f"the values block must start with '# <file>.yaml' (got {first!r})")
         values = yaml.safe_load(substitute(values_text, env))
-        steps = parse(substitute(block(text, COMMANDS_MARK, "bash"), env))
+        steps = parse(substitute(block(text, marks[1], "bash"), env))
         helm = [s for s in steps if s.verb == "helm-install"]
         if len(helm) != 1 or helm[0].args["values_file"] != name.group(1):
             raise ReadmeError(f"expected one `helm install ... -f {name.group(1)}` line")

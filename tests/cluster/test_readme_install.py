@@ -107,3 +107,21 @@ def test_the_values_file_named_by_helm_must_be_the_block_shown(tmp_path):
     readme.write_text("no blocks here")
     with pytest.raises(ReadmeError, match="no ```yaml block"):
         Install.from_readme(readme, {})
+
+
+def test_the_readme_trial_is_a_file_archive_under_a_release_of_its_own():
+    """The single-node trial block (run on the cluster by test_7_trial.py) parses and renders: a
+    non-default release, its own namespace, a file:// archive mounted into the node pod."""
+    from .readme_install import TRIAL_MARKS
+    install = Install.from_readme(REPO / "README.md", {"VERSION": "9.9.9", "ARCHIVE_DIR": "/srv/trial"}, TRIAL_MARKS)
+    assert [s.verb for s in install.steps] == ["namespace", "label", "helm-install", "namespace", "label"]
+    helm = install.helm.args
+    assert helm["release"] not in (RELEASE, "gpulens") and helm["namespace"] != NS
+    assert install.values["archive"] == {"root": "file:///srv/trial"}
+    objs = render(install.values, name=helm["release"], namespace=helm["namespace"])
+    for obj in objs:
+        validate(obj)
+    (node,) = [d for d in by_kind(objs, "DaemonSet") if d["metadata"]["name"].endswith("-node")]
+    volumes = node["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "archive", "hostPath": {"path": "/srv/trial", "type": "DirectoryOrCreate"}} in volumes
+    assert node["metadata"]["name"] == f"{helm['release']}-gpulens-node"

@@ -14,7 +14,14 @@ What it adds to kmock 0.8, each as the real API server does it:
   name its uid, recursively (the garbage collector, with no delay); `propagationPolicy: Orphan`
   instead removes those owner references and keeps the dependents; an object written with owners
   that are all gone is collected too;
-- a log of every request (method, path, query) for assertions.
+- a log of every request (method, path, query) for assertions;
+- optionally (`token_delay_s`), Kubernetes 1.20's ServiceAccount admission with legacy token
+  Secrets, which the project's cluster runs: a pod naming a ServiceAccount that does not exist is
+  refused with 403, one whose ServiceAccount has no token Secret yet with 500 ServerTimeout ("No
+  API token found ... retry after the token is automatically created"), and a token controller,
+  an HTTP client of this server like kube-controller-manager's, creates the token Secret and lists
+  it on a new ServiceAccount `token_delay_s` after its creation. Pods that name no ServiceAccount
+  are let through (the double keeps no per-namespace `default` account).
 
 It runs in its own thread and event loop, so synchronous code (the kubernetes client, kopf in
 another thread) can use it from the test's thread.
@@ -98,6 +105,9 @@ class ApiServer(kmock.KubernetesEmulator):
     log: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)
     agents: list[str] = attrs.field(factory=list, init=False)      # User-Agent of each logged request
     _rv: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+    token_delay_s: float | None = None       # None: no ServiceAccount token admission (see the docstring)
+    base_url: str = attrs.field(default="", init=False)     # set once serving; the token controller's target
+    _token_tasks: set = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -116,6 +126,11 @@ class ApiServer(kmock.KubernetesEmulator):
             return await super()._handle(request)
         if str(request.method.value).upper() == "PUT" and request.name:
             return await self._replace(request)
+        if self.token_delay_s is not None and request.action == enums.action.CREATE and \
+                request.resource.plural == "pods" and not request.subresource and isinstance(request.data, dict):
+            refused = await self._admit_service_account(request)
+            if refused is not None:
+                return refused
         rv = str(next(self._rv))
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
@@ -136,9 +151,50 @@ class ApiServer(kmock.KubernetesEmulator):
         response = await super()._handle(request)
         if owner_uid and response.status < 300:
             await (self._orphan(owner_uid) if orphan else self._collect_garbage({owner_uid}))
+        elif self.token_delay_s is not None and request.action == enums.action.CREATE and response.status < 300 \
+                and request.resource.plural == "serviceaccounts" and not request.subresource:
+            task = asyncio.create_task(self._issue_token(request.namespace, request.data["metadata"]["name"]))
+            self._token_tasks.add(task)
+            task.add_done_callback(self._token_tasks.discard)
         elif request.action in (enums.action.CREATE, enums.action.UPDATE) and response.status < 300:
             await self._collect_dangling()
         return response
+
+    async def _admit_service_account(self, request: rendering.Request) -> aiohttp.web.Response | None:
+        """1.20's ServiceAccount admission plugin (plugin/pkg/admission/serviceaccount) for a pod
+        that mounts its account's token: None admits, else the refusal the real server sends."""
+        spec = request.data.get("spec") or {}
+        name = spec.get("serviceAccountName")
+        if not name or spec.get("automountServiceAccountToken") is False:
+            return None
+        async with self._lock:
+            account = next((o.raw for (res, ns, n), o in self._objects.items()
+                            if res.plural == "serviceaccounts" and ns == request.namespace and n == name
+                            and not o.deleted), None)
+        if account is None:
+            return _status(403, "Forbidden", f"pods is forbidden: service account {request.namespace}/{name} was "
+                                             "not found, retry after the service account is created")
+        if not account.get("secrets"):
+            return _status(500, "ServerTimeout", f"No API token found for service account \"{name}\", retry after "
+                                                 "the token is automatically created and added to the service account")
+        return None
+
+    async def _issue_token(self, namespace: str, account: str) -> None:
+        """The token controller: a token Secret for the new account, then the account lists it."""
+        await asyncio.sleep(self.token_delay_s or 0)
+        secret = f"{account}-token-{uuid.uuid4().hex[:5]}"
+        base = f"{self.base_url}/api/v1/namespaces/{namespace}"
+        async with aiohttp.ClientSession(headers={"User-Agent": "token-controller"}) as http:
+            async with http.post(f"{base}/secrets", json={
+                    "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+                    "metadata": {"name": secret, "annotations": {"kubernetes.io/service-account.name": account}},
+                    "data": {"token": "dG9rZW4="}}) as resp:
+                resp.raise_for_status()
+            async with http.patch(f"{base}/serviceaccounts/{account}", json={"secrets": [{"name": secret}]},
+                                  headers={"Content-Type": "application/merge-patch+json"}) as resp:
+                if resp.status == 404:
+                    return     # the account went before its token came
+                resp.raise_for_status()
 
     async def _collect_dangling(self) -> None:
         """The garbage collector also deletes an object all of whose owners are gone when it is
@@ -251,14 +307,16 @@ class Running:
 
 
 @contextmanager
-def running_apiserver() -> Iterator[Running]:
-    """Start an ApiServer on 127.0.0.1 (free port) in a thread; stop it and its loop afterwards."""
+def running_apiserver(token_delay_s: float | None = None) -> Iterator[Running]:
+    """Start an ApiServer on 127.0.0.1 (free port) in a thread; stop it and its loop afterwards.
+    `token_delay_s`: emulate 1.20's ServiceAccount token admission (see ApiServer)."""
     ready = threading.Event()
     box: dict[str, Any] = {}
 
     async def main() -> None:
         stop = asyncio.Event()
-        async with ApiServer() as server, apps.Server(server, host="127.0.0.1") as srv:
+        async with ApiServer(token_delay_s=token_delay_s) as server, apps.Server(server, host="127.0.0.1") as srv:
+            server.base_url = str(srv.url).rstrip("/")
             box.update(server=server, url=str(srv.url).rstrip("/"), loop=asyncio.get_running_loop(), stop=stop)
             ready.set()
             await stop.wait()

@@ -59,7 +59,7 @@ def test_arming_a_job_pod_adds_exactly_the_hook_pieces():
     meta = out["metadata"]
     assert meta["labels"][L.ARMED] == "true"
     assert meta["labels"][L.JOB] == "llama" and meta["labels"][L.ATTEMPT] == "0"
-    assert meta["annotations"][L.LOCAL_WORLD_SIZE] == "8"       # from the GPU limit
+    assert meta["annotations"][L.LOCAL_WORLD_SIZE] == "8"       # from --nproc-per-node=8
     trainer, shipper = out["spec"]["containers"]
     assert set(_env(trainer)) == HOOK_ENV
     assert _env(trainer)["PYTHONPATH"]["value"] == "/opt/gpulens/hook:/workspace/src"
@@ -207,4 +207,47 @@ def test_patch_applies_to_a_pod_without_labels_or_volumes():
     out = armed(pod)
     assert [v["name"] for v in out["spec"]["volumes"]] == ["gpulens-hook", "gpulens-registry", "gpulens-traces",
                                                             "gpulens-sockets"]
-    assert out["metadata"]["annotations"] == {L.LOCAL_WORLD_SIZE: "1"}
+    # Nothing says how many workers it starts (no launcher, no GPU): no number is made up.
+    assert L.LOCAL_WORLD_SIZE not in out["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("container, gpus, want", [
+    # torchrun's own setting wins over the GPU limit, in every spelling torchrun accepts
+    ({"command": ["torchrun", "--nproc-per-node=2", "train.py"]}, None, 2),
+    ({"command": ["/usr/local/bin/torchrun"], "args": ["--nproc_per_node", "2", "train.py"]}, 8, 2),
+    ({"command": ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "pkg.train"]}, None, 2),
+    ({"command": ["python", "-mtorch.distributed.launch", "--nproc_per_node=4", "t.py"]}, None, 4),
+    ({"command": ["torchrun", "--nnodes=2", "--nproc-per-node", "gpu", "t.py"]}, 4, 4),
+    # in a shell script, also as "$@" after `sh -c SCRIPT sh`
+    ({"command": ["bash", "-lc", "pip list >/dev/null && torchrun --nproc-per-node=3 t.py"]}, None, 3),
+    ({"command": ["sh", "-c", 'test -f /x || exit 1; exec "$@"', "sh", "python3", "-m",
+                  "torch.distributed.run", "--nproc-per-node=2", "t.py"]}, None, 2),
+    # torchrun without the flag starts one worker; PyTorchJob's PET_NPROC_PER_NODE is read too
+    ({"command": ["torchrun", "t.py"]}, 8, 1),
+    ({"command": ["torchrun", "t.py"], "env": [{"name": "PET_NPROC_PER_NODE", "value": "2"}]}, None, 2),
+    ({"command": ["python", "t.py"], "env": [{"name": "PET_NPROC_PER_NODE", "value": "6"}]}, 8, 6),
+    # decided on the node, or not stated: unknown, never a guess of 1
+    ({"command": ["torchrun", "--nproc-per-node=auto", "t.py"]}, None, None),
+    ({"command": ["torchrun", "--nproc-per-node=gpu", "t.py"]}, None, None),
+    ({"command": ["sh", "-c", "torchrun --nproc-per-node=$N t.py"]}, None, None),
+    ({"command": ["python", "t.py"], "env": [{"name": "PET_NPROC_PER_NODE", "valueFrom": {}}]}, None, None),
+    ({"command": ["python", "train.py"]}, None, None),
+    ({}, None, None),
+    # no launcher named, GPUs requested: one worker per GPU (mpirun-style launchers)
+    ({"command": ["python", "train.py"]}, 8, 8),
+])
+def test_local_world_size_from_the_launch(container, gpus, want):
+    from capture.operator.launcher import local_world_size
+    assert local_world_size({"name": "trainer", **container}, gpus) == want
+
+
+def test_torchrun_with_two_workers_on_a_cpu_node_is_annotated_2():
+    """Issue 31: `torchrun --nproc-per-node=2` without a GPU limit was annotated "1"."""
+    pod = job_pod()
+    c = pod["spec"]["containers"][0]
+    c["command"] = ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29500",
+                    "-m", "gpulens.up.demo_trainer"]
+    del c["resources"]
+    assert armed(pod)["metadata"]["annotations"][L.LOCAL_WORLD_SIZE] == "2"
+    c["command"] = ["torchrun", "--nproc-per-node=auto", "t.py"]
+    assert L.LOCAL_WORLD_SIZE not in armed(pod)["metadata"].get("annotations", {})

@@ -85,3 +85,11 @@ capabilities:
 {{- define "gpulens.nodeListenHost" -}}
 {{- if .Values.node.listenOnNodeIP -}}$(GPULENS_NODE_IP){{- else -}}0.0.0.0{{- end -}}
 {{- end }}
+
+{{/* The host folder of a file:// archive root ("" for s3://): mounted into the node pod here,
+and by the operator into coordinator Pods and analysis Jobs. */}}
+{{- define "gpulens.fileArchivePath" -}}
+{{- if hasPrefix "file://" .Values.archive.root -}}
+{{- trimSuffix "/" (trimPrefix "file://" .Values.archive.root) | default "/" -}}
+{{- end -}}
+{{- end -}}

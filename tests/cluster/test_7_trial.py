@@ -1,0 +1,145 @@
+"""The README's single-node trial ("Deploy on Kubernetes"), run exactly as printed: a release with
+its own name (`lens`) in its own namespace, a `file://` archive in a host folder, a two-worker
+torchrun Job in the namespace the README arms, and a capture through the release's gateway: both
+ranks archived in that host folder, the manifest naming both, the analysis Job's report beside it.
+
+One node holds one release's host-network exporter and agent, so the release the earlier tests
+installed (`gl`) is uninstalled first, as a user replacing it would."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REUSE
+from .harness import NS, RELEASE, REPO, STATE, wait_until
+from .readme_install import TRIAL_MARKS, Install
+from .workload import JOB, call, start_trainer
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
+
+ARCHIVE = STATE / "trial-archive"       # under the cluster's state: `down` removes it
+
+
+def _uninstall_earlier_release(cluster, api) -> None:
+    from helm_python import Config
+    cfg = Config(kubeconfig_path=cluster.kubeconfig, namespace=NS)
+    if any(r.get("name") == RELEASE for r in cfg.list(name_filter=f"^{RELEASE}$") or []):
+        cfg.uninstall(RELEASE, wait="watcher", timeout=300)
+    wait_until(f"release {RELEASE}'s pods gone", lambda: not [
+        p for p in api.list_namespaced_pod(NS).items if (p.metadata.labels or {}).get("app.kubernetes.io/instance")
+        == RELEASE], 300, 1)
+
+
+@pytest.fixture(scope="module")
+def trial(cluster, api, gpulens_image) -> Install:
+    _uninstall_earlier_release(cluster, api)
+    repo, _, tag = gpulens_image.rpartition(":")
+    install = Install.from_readme(REPO / "README.md", {"VERSION": tag, "ARCHIVE_DIR": str(ARCHIVE)}, TRIAL_MARKS)
+    assert install.values["image"]["repository"] == repo, "the README's trial installs another image"
+    install.run(api, cluster.kubeconfig, REPO)
+    yield install
+    if REUSE:      # a kept cluster's next session installs `gl` again: one node, one release
+        from helm_python import Config
+        Config(kubeconfig_path=cluster.kubeconfig, namespace=install.helm.args["namespace"]).uninstall(
+            install.helm.args["release"], wait="watcher", timeout=300)
+
+
+def _armed_namespace(install: Install) -> str:
+    (label,) = [s for s in install.steps if s.verb == "label" and s.args["labels"].get("gpulens.dev/arming")]
+    return label.args["name"]
+
+
+def _gateway(api, namespace: str) -> tuple[str, str]:
+    (svc,) = [s for s in api.list_namespaced_service(namespace).items
+              if (s.metadata.labels or {}).get("app.kubernetes.io/component") == "gateway"]
+    secret = next(s for s in api.list_namespaced_secret(namespace).items if s.data and "gateway" in s.data)
+    return f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}", base64.b64decode(secret.data["gateway"]).decode()
+
+
+@pytest.fixture(scope="module")
+def trainer(trial, api, gpulens_image):
+    """The trainer Job in the namespace the README arms: (namespace, pod)."""
+    ns = _armed_namespace(trial)
+    return ns, start_trainer(api, ns, gpulens_image)
+
+
+def _coordinator_objects(api, ns: str) -> tuple[list, list]:
+    sel = "app.kubernetes.io/component=coordinator"
+    return api.list_namespaced_pod(ns, label_selector=sel).items, api.list_namespaced_service(ns, label_selector=sel).items
+
+
+def test_the_coordinator_comes_with_the_jobs_first_pod_not_the_resync(trainer, api, capsys):
+    """Readiness (BENCHMARKS.md): the coordinator Pod and Service, from server-side creation times."""
+    ns, pod = trainer
+    assert (pod.metadata.annotations or {}).get("gpulens.dev/local-world-size") == "2"   # torchrun --nproc-per-node=2
+    pods, svcs = wait_until("the coordinator Pod and Service", lambda: (
+        lambda o: o[0] and o[1] and o)(_coordinator_objects(api, ns)), 300, 1)
+    first = min(p.metadata.creation_timestamp for p in api.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items)
+    with capsys.disabled():
+        print(f"\n[readiness] first trainer pod -> coordinator Pod {(pods[0].metadata.creation_timestamp - first).total_seconds():.0f} s, "
+              f"Service {(svcs[0].metadata.creation_timestamp - first).total_seconds():.0f} s (1 s resolution)")
+
+
+def test_the_readme_trial_captures_both_ranks_into_the_host_folder(trial, trainer, api):
+    helm = trial.helm.args
+    assert helm["release"] not in (RELEASE, "gpulens"), "the trial must use a release name of its own"
+    ns, _ = trainer
+
+    base, token = _gateway(api, helm["namespace"])
+    assert base and f"{helm['release']}-gpulens-gateway" in [s.metadata.name for s in
+                                                             api.list_namespaced_service(helm["namespace"]).items]
+    started = wait_until("capture accepted by the trial's gateway", lambda: (
+        lambda r: r[0] in (200, 201, 202) and r[1])(call(f"{base}/v1/captures?namespace={ns}", token,
+                                                          {"job_id": JOB, "duration_ms": 1500})), 300, 2)
+    cid = started["capture_id"]
+    done = wait_until(f"capture {cid} analysed", lambda: (
+        lambda s: s.get("phase") == "failed" and s or (s.get("analysis", {}).get("state") in
+                                                       ("done", "failed", "skipped", "disabled") and s))(
+        call(f"{base}/v1/captures/{cid}", token)[1]), 900, 2)
+    assert done["phase"] == "converged" and done["fully_succeeded"], json.dumps(done)[:3000]
+    assert done["counts"] == {"archived": 2}, done["counts"]
+
+    uri = done["manifest_uri"]
+    assert uri.startswith(f"file://{ARCHIVE}/{ns}/{JOB}/"), uri
+    manifest = json.loads(Path(uri.removeprefix("file://")).read_text())
+    assert manifest["capture_id"] == cid and sorted(a["rank"] for a in manifest["artifacts"]) == [0, 1]
+    assert manifest["failures"] == []
+    for art in manifest["artifacts"]:
+        path = Path(art["uri"].removeprefix("file://"))
+        assert path.is_file() and path.stat().st_size == art["size"], art
+    assert done["analysis"]["state"] == "done" and done["analysis"].get("exit_code") == 0, json.dumps(done)[:3000]
+    report = Path(done["report_uri"].removeprefix("file://"))
+    assert report.is_file() and cid in report.read_text(errors="replace")
+    assert report.parent.parent == Path(uri.removeprefix("file://")).parent
+
+
+def test_a_deleted_capture_coordinator_comes_back_with_its_pod_and_service(trainer, api, capsys):
+    from kubernetes import client
+    ns, _ = trainer
+    custom = client.CustomObjectsApi(api.api_client)
+    (cc,) = custom.list_namespaced_custom_object("gpulens.dev", "v1alpha1", ns, "capturecoordinators")["items"]
+    name, old = cc["metadata"]["name"], cc["metadata"]["uid"]
+    t0 = time.monotonic()
+    custom.delete_namespaced_custom_object("gpulens.dev", "v1alpha1", ns, "capturecoordinators", name)
+
+    def new_uid():
+        items = custom.list_namespaced_custom_object("gpulens.dev", "v1alpha1", ns, "capturecoordinators")["items"]
+        return next((c["metadata"]["uid"] for c in items if c["metadata"]["uid"] != old), None)
+    uid = wait_until("the CaptureCoordinator back", new_uid, 300, 0.2)
+    t_cc = time.monotonic() - t0
+
+    def ready_pod_of_new():
+        pods, svcs = _coordinator_objects(api, ns)
+        pod_ok = [p for p in pods if [r.uid for r in p.metadata.owner_references or []] == [uid]
+                  and p.status.container_statuses and all(c.ready for c in p.status.container_statuses)]
+        svc_ok = [s for s in svcs if [r.uid for r in s.metadata.owner_references or []] == [uid]]
+        return pod_ok and svc_ok
+    wait_until("its new Pod Ready and the Service owned by it", ready_pod_of_new, 300, 0.5)
+    with capsys.disabled():
+        print(f"\n[readiness] CaptureCoordinator deleted -> back {t_cc:.1f} s, its Pod Ready and Service handed over "
+              f"{time.monotonic() - t0:.1f} s")
