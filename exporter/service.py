@@ -258,7 +258,7 @@ class Exporter:
             for p in procs:
                 w = self.attributor.attribute(p.pid) or local_workload(self.proc.comm(p.pid))
                 pods[(w.namespace, w.pod) if w.pod != "unknown" else ("?", p.pid)] = (w.job, workload_id(w))
-                key = SeriesKey(gpu, w.namespace, w.pod, w.container, w.job, workload_id(w))
+                key = SeriesKey(gpu, w.namespace, w.pod, w.container, w.job, workload_id(w), rank=w.rank)
                 if p.used_memory_bytes is not None:
                     data.gpu_memory[key] = data.gpu_memory.get(key, 0.0) + p.used_memory_bytes
                 u = nv.util.get((dev.index, p.pid))
