@@ -793,6 +793,13 @@ WORKERS: tuple[Scenario, ...] = (
 )
 
 WORKERS += (
+    Scenario("workers_one_rank_exits",
+             "Of a pod's two workers (one per GPU), one exits at minute 60 and the other runs on at its "
+             "rate. The exporter keeps the exited worker's counters, flat, for --retired-ttl (30 minutes "
+             "here): a series that stopped moving is not a worker, so the one left is not judged at half "
+             "its rate.", 100,
+             pods=(Pod("ml", "pair-0"), Pod("ml", "pair-0", gpu="1", end=T, retired_ttl=30)),
+             expect=tuple(Expect(m) for m in (40, *range(T, T + 35, 2), 99))),
     Scenario("workers_recording_without_nvml", "8 workers in one container on a node without NVML: "
              "every series has gpu \"unknown\", and the rank still tells the workers apart.", 10, nvml=False,
              pods=(Pod("ml", "eight-0", gpu="unknown", workers=8),),
