@@ -113,7 +113,12 @@ class DcgmFinder:
         for _, idx in self._indexes:
             idx.start()
 
+    def request_stop(self) -> None:
+        for _, idx in self._indexes:
+            idx.request_stop()
+
     def stop(self) -> None:
+        self.request_stop()          # all at once: each thread may be waiting on its watch stream
         for _, idx in self._indexes:
             idx.stop()
 

@@ -210,6 +210,10 @@ class PodIndex:
             self._thread = threading.Thread(target=self._run, name="gpulens-pod-watch", daemon=True)
             self._thread.start()
 
+    def request_stop(self) -> None:
+        """Ask the watch thread to end, without waiting (stop several indexes at once)."""
+        self._stop.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -147,6 +147,8 @@ class Exporter:
             log.warning("return_probes.unsafe", kernel=self.gate.kernel, reason=self.gate.reason)
 
     def close(self) -> None:
+        if self.dcgm_finder is not None:
+            self.dcgm_finder.request_stop()
         if self.pods is not None:
             self.pods.stop()
         if self.dcgm_finder is not None:
