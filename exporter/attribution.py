@@ -29,7 +29,7 @@ class Workload:
     source: str = "local"      # kubernetes | registration | local
     job: str = ""              # job id (label gpulens_job); "" when neither the pod nor a record names one
     workload: str = ""         # label gpulens_workload; "" = the pod itself (see workload_id)
-    rank: str = ""             # label rank: the worker's local rank (rank_of), "" when it has none
+    rank: str = ""             # label rank: the worker's local rank (rank_label), "" when it has none
 
 
 #: a rank label is a small integer: torchrun's LOCAL_RANK is below the workers per node

@@ -15,11 +15,14 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpulens.logs import get_logger
 
 from .health import DISABLED, FAILING, SourceHealth
+
+if TYPE_CHECKING:
+    from .dcgm_discovery import Finding
 
 __all__ = ["DcgmSnapshot", "DcgmSource", "DcgmParseError", "GAUGE_FIELDS", "PCIE_FIELDS", "BLANK_THRESHOLD"]
 
@@ -61,7 +64,7 @@ class DcgmSource:
     (dcgm_discovery.DcgmFinder.find: a Finding with a URL, or the state and reason of none)."""
 
     def __init__(self, url: str | None, health: SourceHealth, *, interval_s: float = 10.0, timeout_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, locate: Callable[[], object] | None = None):
+                 clock: Callable[[], float] = time.monotonic, locate: Callable[[], Finding] | None = None):
         self.url = url
         self.health = health
         self._locate = locate
