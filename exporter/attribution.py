@@ -91,7 +91,10 @@ class Attributor:
                 workload = Workload(info.namespace, info.name, container, "kubernetes", info.job, info.workload)
             else:
                 pending = True
-        rec = self.registrations.match(pid) if self.registrations is not None else None
+        # the worker's local rank: torchrun's LOCAL_RANK in its environment, else its record's
+        rank = rank_label(self._proc.environ(pid, "LOCAL_RANK"))
+        rec = self.registrations.match(pid) if self.registrations is not None and (
+            workload is None or not rank) else None
         if workload is None and rec is not None:
             workload = Workload(rec.namespace, rec.pod, rec.container, "registration", rec.job_id)
         if workload is None:
@@ -101,8 +104,6 @@ class Attributor:
             if comm is None:
                 return None
             workload = local_workload(comm)
-        # the worker's local rank: torchrun's LOCAL_RANK in its environment, else its record's
-        rank = rank_label(self._proc.environ(pid, "LOCAL_RANK"))
         if not rank and rec is not None and rec.local_rank is not None:
             rank = rank_label(rec.local_rank)
         if rank:
