@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Union
 
 __all__ = ["Steps", "Pod", "Expect", "Scenario", "RawSeries", "INCIDENTS", "NON_EVENTS",
-           "EXPORTER", "RECORDING", "ALL"]
+           "EXPORTER", "RECORDING", "WORKERS", "WORKER_COUNTS", "ALL"]
 
 Value = Union[float, str]  # a number, "stale" or "_" (no sample)
 
@@ -78,6 +78,17 @@ class Pod:
     # the pod's process is gone for minutes [a, b) and then restarts in the same pod: NVML lists
     # no process meanwhile, the exporter keeps the counters (flat) and continues them afterwards
     restart_gap: tuple[int, int] | None = None
+    # torchrun workers in the container: 1 is a process without a rank (no `rank` label); N > 1
+    # are ranks 0..N-1, each its own series on its own GPU (gpu + rank; all "unknown" without
+    # NVML), each at the per-worker rates above (so the pod's sums are N times them)
+    workers: int = 1
+
+    def ranks(self) -> list[tuple[str, str | None]]:
+        """(gpu, rank) of each worker series."""
+        if self.workers == 1:
+            return [(self.gpu, None)]
+        gpu = (lambda r: "unknown") if self.gpu == "unknown" else (lambda r: str(int(self.gpu) + r))
+        return [(gpu(r), str(r)) for r in range(self.workers)]
 
     def exported(self, minute: int) -> bool:
         """Counters are exported: alive, or within the retired TTL after the exit."""
@@ -201,11 +212,19 @@ class Scenario:
         return out
 
     def _pod_series(self, pod: Pod) -> list[tuple[str, list[Value]]]:
-        base = (f'node="{pod.node}", gpu="{pod.gpu}", namespace="{pod.namespace}", '
+        out: list[tuple[str, list[Value]]] = []
+        for gpu, rank in pod.ranks():
+            out += self._worker_series(pod, gpu, rank)
+        return out
+
+    def _worker_series(self, pod: Pod, gpu: str, rank: str | None) -> list[tuple[str, list[Value]]]:
+        base = (f'node="{pod.node}", gpu="{gpu}", namespace="{pod.namespace}", '
                 f'pod="{pod.pod}", container="{pod.container}"')
         if pod.gpulens_job:
             base += f', gpulens_job="{pod.gpulens_job}"'
         base += f', gpulens_workload="{pod.gpulens_workload}"'
+        if rank is not None:
+            base += f', rank="{rank}"'
         out = self._counter(f"gpulens_kernel_launches_total{{{base}}}", pod, pod.launches)
         if pod.graph_launches is not None:
             out += self._counter(f"gpulens_graph_launches_total{{{base}}}", pod, pod.graph_launches)
@@ -227,8 +246,8 @@ class Scenario:
         out: list[tuple[str, list[Value]]] = []
         if not self.nvml:
             return out
-        for node, gpu in sorted({(p.node, p.gpu) for p in self.pods}):
-            on_gpu = [p for p in self.pods if (p.node, p.gpu) == (node, gpu)]
+        for node, gpu in sorted({(p.node, g) for p in self.pods for g, _ in p.ranks()}):
+            on_gpu = [p for p in self.pods if (node, gpu) in {(p.node, g) for g, _ in p.ranks()}]
             out += self._gauge(f'gpulens_gpu_pods{{node="{node}", gpu="{gpu}"}}', lambda t: True,
                                lambda t, on_gpu=on_gpu: float(sum(p.alive(t) for p in on_gpu)))
         return out
@@ -442,6 +461,7 @@ _mixed = (Pod("ml", "mixed-0", gpulens_job="mixed", launches=flat(1000.0), sync_
           # started at 45: not settled (10 minutes of life) at 50, so not counted in its workload
           Pod("ml", "mixed-2", gpu="2", gpulens_job="mixed", start=45, launches=flat(100.0)))
 
+_eight = {"namespace": "ml", "pod": "eight-0", "node": NODE, "gpulens_workload": "Pod/eight-0"}
 _GRAPHS_POD = 'gpu="0", namespace="ml", pod="graphs-0", container="trainer", gpulens_workload="Pod/graphs-0"'
 
 RECORDING: tuple[Scenario, ...] = (
@@ -466,8 +486,8 @@ RECORDING: tuple[Scenario, ...] = (
                                  'reason="killed under seccomp"}', 1.0),)),
              )),
     Scenario("recording_rules",
-             "A DDP pod with one rank on each of two GPUs: per-pod sums and means, the scrape's "
-             "instance/job labels aggregated away, baselines and the ratio gate.", 50,
+             "A DDP pod with one rank on each of two GPUs: per-pod sums, per-worker values, the "
+             "scrape's instance/job labels aggregated away, per-worker baselines and the ratio gate.", 50,
              pods=_two_gpu,
              expect_samples=(
                  ExpectSamples(50, "namespace_pod:gpulens_launches:rate5m",
@@ -481,12 +501,20 @@ RECORDING: tuple[Scenario, ...] = (
                                  f"{_labels({'direction': 'h2d'})}", 2 * H2D),)),
                  ExpectSamples(50, "namespace_pod:gpulens_gpu_pods:max",
                                ((f"namespace_pod:gpulens_gpu_pods:max{_labels()}", 1.0),)),
-                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_pod:baseline30m_rate5m",
-                               ((f"namespace_workload:gpulens_launches_per_pod:baseline30m_rate5m"
-                                 f"{_labels(base=_ddp_workload)}", 2100.0),)),
-                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_pod:baseline_rate5m",
-                               ((f"namespace_workload:gpulens_launches_per_pod:baseline_rate5m"
-                                 f"{_labels(base=_ddp_workload)}", 2100.0),)),
+                 # two workers (one series per GPU): the judged signals are per worker
+                 ExpectSamples(50, "namespace_pod:gpulens_workers:count",
+                               ((f"namespace_pod:gpulens_workers:count{_labels()}", 2.0),)),
+                 ExpectSamples(50, "namespace_pod:gpulens_launches_per_worker:rate5m",
+                               ((f"namespace_pod:gpulens_launches_per_worker:rate5m{_labels()}", 1050.0),)),
+                 ExpectSamples(50, 'namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m{direction="h2d"}',
+                               ((f"namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m"
+                                 f"{_labels({'direction': 'h2d'})}", H2D),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_worker:baseline30m_rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_worker:baseline30m_rate5m"
+                                 f"{_labels(base=_ddp_workload)}", 1050.0),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_worker:baseline_rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_worker:baseline_rate5m"
+                                 f"{_labels(base=_ddp_workload)}", 1050.0),)),
                  ExpectSamples(50, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
                                ((f"namespace_pod:gpulens_launches_per_baseline:ratio_rate5m{_labels()}", 1.0),)),
                  # settled after 10 minutes of life, not before
@@ -495,17 +523,17 @@ RECORDING: tuple[Scenario, ...] = (
                                ((f"namespace_pod:gpulens_live:settled{_labels()}", 1.0),)),
 
                  # a workload with under 35 minutes of history has no baseline yet, so no gate
-                 ExpectSamples(44, "namespace_workload:gpulens_launches_per_pod:baseline_rate5m", ()),
+                 ExpectSamples(44, "namespace_workload:gpulens_launches_per_worker:baseline_rate5m", ()),
                  ExpectSamples(44, "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m", ()),
-                 ExpectSamples(45, "namespace_workload:gpulens_launches_per_pod:baseline_rate5m",
-                               ((f"namespace_workload:gpulens_launches_per_pod:baseline_rate5m"
-                                 f"{_labels(base=_ddp_workload)}", 2100.0),)),
+                 ExpectSamples(45, "namespace_workload:gpulens_launches_per_worker:baseline_rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_worker:baseline_rate5m"
+                                 f"{_labels(base=_ddp_workload)}", 1050.0),)),
                  ExpectSamples(50, "namespace_workload:gpulens_off_baseline:group", ()),
                  # nothing rising or falling in a steady pod
                  ExpectSamples(50, "namespace_pod:gpulens_gpu_pods:max_rising", ()),
                  ExpectSamples(50, "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m_rising", ()),
-                 ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_rising", ()),
-                 ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes:rate5m_falling", ()),
+                 ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m_rising", ()),
+                 ExpectSamples(50, "namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m_falling", ()),
              )),
     Scenario("recording_settled_through_a_missed_listing",
              "One pod's process is missing for one minute (a failed scrape or NVML listing): it stays "
@@ -526,17 +554,17 @@ RECORDING: tuple[Scenario, ...] = (
              "normalisation), and a pod still in its warm-up is not counted.", 55,
              pods=_mixed,
              expect_samples=(
-                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_pod:rate5m",
-                               ((f"namespace_workload:gpulens_launches_per_pod:rate5m{_labels(base=_wl)}", 2000.0),)),
+                 ExpectSamples(50, "namespace_workload:gpulens_launches_per_worker:rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_worker:rate5m{_labels(base=_wl)}", 2000.0),)),
                  ExpectSamples(50, "namespace_workload:gpulens_sync_wait_seconds:avg_rate5m",
                                ((f"namespace_workload:gpulens_sync_wait_seconds:avg_rate5m{_labels(base=_wl)}", 0.5),)),
-                 ExpectSamples(50, 'namespace_workload_direction:gpulens_memcpy_bytes_per_pod:rate5m{direction="h2d"}',
-                               ((f"namespace_workload_direction:gpulens_memcpy_bytes_per_pod:rate5m"
+                 ExpectSamples(50, 'namespace_workload_direction:gpulens_memcpy_bytes_per_worker:rate5m{direction="h2d"}',
+                               ((f"namespace_workload_direction:gpulens_memcpy_bytes_per_worker:rate5m"
                                  f"{_labels({'direction': 'h2d'}, base=_wl)}", 20e6),)),
                  ExpectSamples(50, "namespace_workload:gpulens_gpu_pods:avg_max",
                                ((f"namespace_workload:gpulens_gpu_pods:avg_max{_labels(base=_wl)}", 1.0),)),
-                 ExpectSamples(55, "namespace_workload:gpulens_launches_per_pod:rate5m",
-                               ((f"namespace_workload:gpulens_launches_per_pod:rate5m{_labels(base=_wl)}",
+                 ExpectSamples(55, "namespace_workload:gpulens_launches_per_worker:rate5m",
+                               ((f"namespace_workload:gpulens_launches_per_worker:rate5m{_labels(base=_wl)}",
                                  (1000.0 + 3000.0 + 100.0) / 3),)),
              )),
 )
@@ -697,7 +725,94 @@ NON_EVENTS_WORKLOADS: tuple[Scenario, ...] = (
              LONG, pods=(_restarted,),
              expect=_quiet_after_change),
 )
-ALL: tuple[Scenario, ...] = INCIDENTS + NON_EVENTS + EXPORTER + RECORDING + WORKLOADS + NON_EVENTS_WORKLOADS
+# --- per worker (issue 29): 1, 2 and 8 torchrun workers per container -----------------------
+# The same per-worker story told with 1, 2 and 8 workers in one container (each worker its own
+# series, `rank`, on its own GPU): the same alert fires at the same minute, and per-worker noise
+# that is under a floor for one worker stays silent for eight (the floors hold per worker, not
+# per pod: 8 workers at 10 launches/s are not one pod at 80).
+WORKER_COUNTS = (1, 2, 8)
+
+
+def _per_worker(story: str, text: str, first: int | None, alert: str = "", diagnosis: str = "",
+                **rates: Steps) -> tuple[Scenario, ...]:
+    """One scenario per worker count; `first`: the minute the alert starts firing (silent the
+    minute before), or None for a story that must stay silent throughout."""
+    out = []
+    for n in WORKER_COUNTS:
+        pod = Pod("ml", f"{story.replace('_', '-')}-{n}w-0", workers=n, **rates)
+        if first is None:
+            expect = _quiet
+        else:
+            firing = (fires(alert, pod, diagnosis),)
+            expect = (Expect(T - 10), Expect(T + 3), Expect(first - 1), Expect(first, firing),
+                      Expect(first + 5, firing))
+        out.append(Scenario(f"workers_{story}_{n}", f"{text} {n} worker{'s' if n > 1 else ''} per container.",
+                            120 if first is None else 80, pods=(pod,), expect=expect))
+    return tuple(out)
+
+
+WORKER_FIRST = {"host_sync": T + 9, "device_slowdown": T + 10, "demand_drop": T + 15}
+
+WORKERS: tuple[Scenario, ...] = (
+    *_per_worker("host_sync", "Every worker starts copying tensors to the host each step: per worker, demand "
+                 "flat, blocked share 0.30 -> 0.55, D2H 0.2 -> 40 MB/s.", WORKER_FIRST["host_sync"],
+                 "GPUWorkloadHostSync", "host_sync", launches=change(LAUNCHES, T, 1950.0),
+                 sync_wait=change(SYNC, T, 0.55), d2h=change(D2H, T, 40e6)),
+    *_per_worker("device_slowdown", "The GPUs throttle: per worker, demand halves, blocked share 0.30 -> 0.70, "
+                 "and D2H wobbles 0.2 -> 0.6 MB/s, under the 1 MB/s floor of one worker (summed over 8 "
+                 "workers it would cross it and pass for a host sync).", WORKER_FIRST["device_slowdown"],
+                 "GPUWorkloadDeviceSlowdown", "device_slowdown", launches=change(LAUNCHES, T, 1000.0),
+                 sync_wait=change(SYNC, T, 0.7), h2d=change(H2D, T, 25e6), d2h=change(D2H, T, 0.6e6)),
+    *_per_worker("demand_drop", "Demand halves per worker while each worker's small feed (0.8 MB/s, under the "
+                 "1 MB/s floor) falls to 0.1 MB/s: unexplained, not input starvation (summed over 2 or 8 "
+                 "workers the feed would cross the floor).", WORKER_FIRST["demand_drop"],
+                 "GPUWorkloadDemandDrop", "unclassified", launches=change(LAUNCHES, T, 1000.0),
+                 h2d=change(0.8e6, T, 0.1e6)),
+    *_per_worker("tiny_noise", "Each worker launches 10 kernels/s, then 4, its blocked share wobbling "
+                 "0.02 -> 0.045: under the 20 launches/s-per-worker minimum, nothing alerts, however many "
+                 "workers share the container.", None,
+                 launches=change(10.0, T, 4.0), sync_wait=change(0.02, T, 0.045)),
+    Scenario("workers_recording", "Per-worker values of a pod with 8 workers: its sums are 8 times "
+             "theirs; a worker blocked in two threads at once counts as fully blocked (a share of 1).", 10,
+             pods=(Pod("ml", "eight-0", workers=8, sync_wait=flat(1.6)),),
+             expect_samples=(
+                 ExpectSamples(10, "namespace_pod:gpulens_workers:count",
+                               ((f"namespace_pod:gpulens_workers:count{_labels(base=_eight)}", 8.0),)),
+                 ExpectSamples(10, "round(namespace_pod:gpulens_launches:rate5m)",
+                               ((_labels(base=_eight), 8 * LAUNCHES),)),
+                 ExpectSamples(10, "round(namespace_pod:gpulens_launches_per_worker:rate5m)",
+                               ((_labels(base=_eight), LAUNCHES),)),
+                 ExpectSamples(10, "round(namespace_pod:gpulens_sync_wait_seconds:rate5m, 0.1)",
+                               ((_labels(base=_eight), 12.8),)),
+                 ExpectSamples(10, "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
+                               ((f"namespace_pod:gpulens_sync_wait_seconds:avg_rate5m{_labels(base=_eight)}", 1.0),)),
+                 ExpectSamples(10, 'namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m{direction="d2h"}',
+                               ((f"namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m"
+                                 f"{_labels({'direction': 'd2h'}, base=_eight)}", D2H),)),
+             )),
+)
+
+WORKERS += (
+    Scenario("workers_one_rank_exits",
+             "Of a pod's two workers (one per GPU), one exits at minute 60 and the other runs on at its "
+             "rate. The exporter keeps the exited worker's counters, flat, for --retired-ttl (30 minutes "
+             "here): a series that stopped moving is not a worker, so the one left is not judged at half "
+             "its rate.", 100,
+             pods=(Pod("ml", "pair-0"), Pod("ml", "pair-0", gpu="1", end=T, retired_ttl=30)),
+             expect=tuple(Expect(m) for m in (40, *range(T, T + 35, 2), 99))),
+    Scenario("workers_recording_without_nvml", "8 workers in one container on a node without NVML: "
+             "every series has gpu \"unknown\", and the rank still tells the workers apart.", 10, nvml=False,
+             pods=(Pod("ml", "eight-0", gpu="unknown", workers=8),),
+             expect_samples=(
+                 ExpectSamples(10, "namespace_pod:gpulens_workers:count",
+                               ((f"namespace_pod:gpulens_workers:count{_labels(base=_eight)}", 8.0),)),
+                 ExpectSamples(10, "round(namespace_pod:gpulens_sync_wait_seconds:avg_rate5m, 0.01)",
+                               ((_labels(base=_eight), SYNC),)),
+             )),
+)
+
+ALL: tuple[Scenario, ...] = (INCIDENTS + NON_EVENTS + EXPORTER + RECORDING + WORKLOADS + NON_EVENTS_WORKLOADS
+                             + WORKERS)
 
 
 # --- the capture plane: agents and coordinators (docs/metrics.md) -------------------------------

@@ -41,16 +41,21 @@ NODE = 'node=~"$node", gpu=~"$gpu"'
 POD_GPUS = f"group by (node, gpu) (gpulens_process_gpu_memory_bytes{{{POD}}})"
 
 
+#: each worker's blocked share (series: container, gpu, rank), highest first
+RANK_BLOCKED = ("sort_desc(clamp_max(sum by (namespace, pod, container, gpu, rank) ("
+                f"rate(gpulens_sync_wait_seconds_total{{{POD}}}[$__rate_interval])), 1))")
+
+
 def _on_pod_gpus(metric: str) -> str:
     return f"max by (node, gpu) ({metric}) * on (node, gpu) group_left () {POD_GPUS}"
 
 
 def _with_baseline(title: str, description: str, current: str, baseline: str, unit: str,
                    legend: str = "{{namespace}}/{{pod}}", **kw) -> PanelSpec:
-    """A pod's signal and the baseline of its workload (per pod), which the alerts compare it with."""
+    """A pod's signal per worker and the baseline of its workload (per worker), which the alerts compare it with."""
     return PanelSpec(title, description, (
         Query(f"{current}{{{POD}}}", legend),
-        Query(f"{baseline}{{{WORKLOAD}}}", WL_LEGEND + " baseline per pod"),
+        Query(f"{baseline}{{{WORKLOAD}}}", WL_LEGEND + " baseline per worker"),
     ), unit=unit, **kw)
 
 
@@ -65,24 +70,25 @@ def _workload_now_vs_baseline(title: str, description: str, now: str, baseline: 
 
 
 WORKLOAD_ROWS: tuple[Row, ...] = (
-    Row("Workload: now vs baseline (per pod)", (
+    Row("Workload: now vs baseline (per worker)", (
         _workload_now_vs_baseline(
-            "Launches per second per pod",
-            "The workload's demand now (mean over its settled pods: live for 10 minutes) and the baseline "
+            "Launches per second per worker",
+            "The workload's demand per worker now (mean over its settled pods, live for 10 minutes, of "
+            "each pod's launches divided among its workers) and the baseline "
             "every pod of the workload is judged against. The baseline is held while the workload is off "
             "it, for up to 1h after its 30-minute window runs out of normal samples (docs/alerts.md).",
-            "namespace_workload:gpulens_launches_per_pod:rate5m",
-            "namespace_workload:gpulens_launches_per_pod:baseline_rate5m", "ops"),
+            "namespace_workload:gpulens_launches_per_worker:rate5m",
+            "namespace_workload:gpulens_launches_per_worker:baseline_rate5m", "ops"),
         _workload_now_vs_baseline(
             "Back-pressure (workload)",
             "Fraction of time a worker of the workload is blocked in synchronisation, now and baseline.",
             "namespace_workload:gpulens_sync_wait_seconds:avg_rate5m",
             "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m", "percentunit", min=0),
         _workload_now_vs_baseline(
-            "Transfers per pod (workload)",
-            "Host-to-device and device-to-host bytes per second per pod, now and baseline.",
-            "namespace_workload_direction:gpulens_memcpy_bytes_per_pod:rate5m",
-            "namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m", "Bps",
+            "Transfers per worker (workload)",
+            "Host-to-device and device-to-host bytes per second per worker, now and baseline.",
+            "namespace_workload_direction:gpulens_memcpy_bytes_per_worker:rate5m",
+            "namespace_workload_direction:gpulens_memcpy_bytes_per_worker:baseline_rate5m", "Bps",
             selector='direction=~"h2d|d2h"', min=0),
         PanelSpec("Pods: settled, and off the baseline",
                   "Settled pods of the workload (live 10 minutes: judged and counted), and 1 while some "
@@ -98,16 +104,18 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
             "short", min=0, width=24, height=6),
     )),
     Row("Demand", (
-        _with_baseline("Launches per second (demand)",
-                       "Kernels per second of each pod (eBPF probes on libcuda): kernels launched directly, "
-                       "kernels run through CUDA graphs, graph launches of unknown size once each; and the "
-                       "baseline the alerts compare it against: its workload's per-pod level before any change.",
-                       "namespace_pod:gpulens_launches:rate5m", "namespace_workload:gpulens_launches_per_pod:baseline_rate5m",
-                       "ops"),
+        _with_baseline("Launches per second per worker (demand)",
+                       "Kernels per second of each pod divided among its workers (eBPF probes on libcuda): "
+                       "kernels launched directly, kernels run through CUDA graphs, graph launches of unknown "
+                       "size once each; and the baseline the alerts compare it against: its workload's "
+                       "per-worker level before any change.",
+                       "namespace_pod:gpulens_launches_per_worker:rate5m",
+                       "namespace_workload:gpulens_launches_per_worker:baseline_rate5m", "ops"),
         PanelSpec("Demand relative to baseline",
                   "Current launches per second of each pod over its workload's baseline. The diagnosed "
                   "alerts fire below 0.6 (dashed line) for 5 minutes; empty while a pod is in its first "
-                  "10 minutes, its workload has under 35 minutes of history or a baseline under 20 launches/s.",
+                  "10 minutes, its workload has under 35 minutes of history or a baseline under 20 launches/s "
+                  "per worker.",
                   (Query(f"namespace_pod:gpulens_launches_per_baseline:ratio_rate5m{{{POD}}}", "{{namespace}}/{{pod}}"),),
                   unit="percentunit", min=0, threshold=0.6),
         PanelSpec("Launches per second by GPU and kind",
@@ -128,9 +136,19 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
         _with_baseline("Back-pressure: fraction of time blocked",
                        "Seconds per second a worker's host threads spend blocked in cuCtxSynchronize, "
                        "cuStreamSynchronize, cuEventSynchronize and synchronous device-to-host copies "
-                       "(mean over the pod's GPUs), with its baseline.",
+                       "(mean over the pod's workers, each at most 1), with its baseline.",
                        "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
                        "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m", "percentunit", min=0),
+        PanelSpec("Which rank blocks most",
+                  "Each worker's share of time blocked (rank: its LOCAL_RANK; gpu: its GPU), at most 1, "
+                  "highest first: the rank a pod waits on. A worker without a rank shows as one per "
+                  "container and GPU.",
+                  (Query(RANK_BLOCKED, "{{pod}} rank {{rank}} gpu {{gpu}}", instant=True),),
+                  kind="table", height=8),
+        PanelSpec("Blocked share by rank",
+                  "The same per-worker shares over time.",
+                  (Query(RANK_BLOCKED, "{{pod}} rank {{rank}} gpu {{gpu}}"),),
+                  unit="percentunit", min=0, height=8),
         PanelSpec("Blocking calls and mean wait",
                   "Blocking synchronisation calls per second, and the mean time one call blocks.",
                   (Query(f"namespace_pod:gpulens_sync_calls:rate5m{{{POD}}}", "{{pod}} calls/s"),
@@ -157,18 +175,18 @@ WORKLOAD_ROWS: tuple[Row, ...] = (
                   (Query(_on_pod_gpus("gpulens_gpu_processes"), "{{node}} gpu {{gpu}}"),), unit="short", min=0),
     )),
     Row("Transfers", (
-        PanelSpec("Host-to-device bytes per second",
-                  "cuMemcpyHtoD* bytes (sync and async), with the baseline. A collapse below half "
+        PanelSpec("Host-to-device bytes per second per worker",
+                  "cuMemcpyHtoD* bytes (sync and async) per worker of the pod, with the baseline. A collapse below half "
                   "the baseline with a demand drop is the input_starvation diagnosis.",
-                  (Query(f'namespace_pod_direction:gpulens_memcpy_bytes:rate5m{{direction="h2d", {POD}}}', "{{pod}}"),
-                   Query(f'namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m{{direction="h2d", {WORKLOAD}}}',
-                         WL_LEGEND + " baseline per pod")), unit="Bps", min=0),
-        PanelSpec("Device-to-host bytes per second",
-                  "cuMemcpyDtoH* bytes (sync and async), with the baseline. A rise together with "
+                  (Query(f'namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m{{direction="h2d", {POD}}}', "{{pod}}"),
+                   Query(f'namespace_workload_direction:gpulens_memcpy_bytes_per_worker:baseline_rate5m{{direction="h2d", {WORKLOAD}}}',
+                         WL_LEGEND + " baseline per worker")), unit="Bps", min=0),
+        PanelSpec("Device-to-host bytes per second per worker",
+                  "cuMemcpyDtoH* bytes (sync and async) per worker of the pod, with the baseline. A rise together with "
                   "back-pressure is the signature of host_sync.",
-                  (Query(f'namespace_pod_direction:gpulens_memcpy_bytes:rate5m{{direction="d2h", {POD}}}', "{{pod}}"),
-                   Query(f'namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m{{direction="d2h", {WORKLOAD}}}',
-                         WL_LEGEND + " baseline per pod")), unit="Bps", min=0),
+                  (Query(f'namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m{{direction="d2h", {POD}}}', "{{pod}}"),
+                   Query(f'namespace_workload_direction:gpulens_memcpy_bytes_per_worker:baseline_rate5m{{direction="d2h", {WORKLOAD}}}',
+                         WL_LEGEND + " baseline per worker")), unit="Bps", min=0),
         PanelSpec("Copy calls per second",
                   "Host/device copy calls by direction.",
                   (Query(f"sum by (pod, direction) (rate(gpulens_memcpy_calls_total{{{POD}}}[$__rate_interval]))",

@@ -11,14 +11,14 @@ While a cgroup names a pod the index has not seen yet (watch lag), the answer is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cgroups import parse_cgroup
 from .kube import PodIndex
 from .procfs import ProcFS
 from .registrations import RegistrationIndex
 
-__all__ = ["Workload", "Attributor", "local_workload", "workload_id"]
+__all__ = ["Workload", "Attributor", "local_workload", "workload_id", "rank_label", "MAX_RANK"]
 
 
 @dataclass(frozen=True, order=True)
@@ -29,6 +29,24 @@ class Workload:
     source: str = "local"      # kubernetes | registration | local
     job: str = ""              # job id (label gpulens_job); "" when neither the pod nor a record names one
     workload: str = ""         # label gpulens_workload; "" = the pod itself (see workload_id)
+    rank: str = ""             # label rank: the worker's local rank (rank_label), "" when it has none
+
+
+#: a rank label is a small integer: torchrun's LOCAL_RANK is below the workers per node
+MAX_RANK = 1024
+
+
+def rank_label(value: object) -> str:
+    """The `rank` label for a LOCAL_RANK value: its decimal form when it is an integer in
+    [0, MAX_RANK), else "" (anything else would let a process choose unbounded label values)."""
+    if isinstance(value, bool):
+        return ""
+    if isinstance(value, str):
+        value = value.strip()
+        if not value.isascii() or not value.isdigit() or len(value) > 4:
+            return ""
+        value = int(value)
+    return str(value) if isinstance(value, int) and 0 <= value < MAX_RANK else ""
 
 
 def workload_id(w: Workload) -> str:
@@ -73,10 +91,12 @@ class Attributor:
                 workload = Workload(info.namespace, info.name, container, "kubernetes", info.job, info.workload)
             else:
                 pending = True
-        if workload is None and self.registrations is not None:
-            rec = self.registrations.match(pid)
-            if rec is not None:
-                workload = Workload(rec.namespace, rec.pod, rec.container, "registration", rec.job_id)
+        # the worker's local rank: torchrun's LOCAL_RANK in its environment, else its record's
+        rank = rank_label(self._proc.environ(pid, "LOCAL_RANK"))
+        rec = self.registrations.match(pid) if self.registrations is not None and (
+            workload is None or not rank) else None
+        if workload is None and rec is not None:
+            workload = Workload(rec.namespace, rec.pod, rec.container, "registration", rec.job_id)
         if workload is None:
             if pending:
                 return None
@@ -84,6 +104,10 @@ class Attributor:
             if comm is None:
                 return None
             workload = local_workload(comm)
+        if not rank and rec is not None and rec.local_rank is not None:
+            rank = rank_label(rec.local_rank)
+        if rank:
+            workload = replace(workload, rank=rank)
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
         self._cache[(pid, start)] = workload

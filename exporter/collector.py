@@ -75,10 +75,10 @@ def build_families(d: ScrapeData, cat: Catalogue, previous_duration: float | Non
         for name, attr in _COUNTERS + (_BACK_PRESSURE if d.back_pressure else []):
             f = fam(name)
             for k, t in series:
-                f.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload], getattr(t, attr))
+                f.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload, k.rank], getattr(t, attr))
         nbytes, calls = fam("gpulens_memcpy_bytes_total"), fam("gpulens_memcpy_calls_total")
         for k, t in series:
-            base = [node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload]
+            base = [node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload, k.rank]
             nbytes.add(base + ["h2d"], t.h2d_bytes)
             nbytes.add(base + ["d2h"], t.d2h_bytes)
             calls.add(base + ["h2d"], t.h2d_calls)
@@ -91,9 +91,9 @@ def build_families(d: ScrapeData, cat: Catalogue, previous_duration: float | Non
             procs.add([node, gpu], d.gpu_processes[gpu])
         mem, util = fam("gpulens_process_gpu_memory_bytes"), fam("gpulens_process_gpu_utilization_ratio")
         for k, v in sorted(d.gpu_memory.items()):
-            mem.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload], v)
+            mem.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload, k.rank], v)
         for k, v in sorted(d.gpu_util.items()):
-            util.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload], v)
+            util.add([node, k.gpu, k.namespace, k.pod, k.container, k.job, k.workload, k.rank], v)
 
     if d.dcgm_gauges or d.dcgm_pcie:
         by_metric: dict[str, list[tuple[str, float]]] = {}

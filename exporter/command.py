@@ -31,6 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nvml", default="auto", help="auto (pynvml), off, or stub:DIR (CUDA stand-in state dir)")
     parser.add_argument("--dcgm-url", help="node-local dcgm-exporter /metrics URL to re-expose device fields from")
     parser.add_argument("--dcgm-interval", type=float, default=10.0, metavar="S")
+    parser.add_argument("--no-dcgm-discovery", action="store_true",
+                        help="without --dcgm-url, don't look for the dcgm-exporter pod on this node")
+    parser.add_argument("--dcgm-namespace", action="append", metavar="NS",
+                        help="look for dcgm-exporter pods only in this namespace; repeatable (default: all)")
     parser.add_argument("--scan-interval", type=float, default=2.0, metavar="S",
                         help="seconds between discovery passes (new processes, library files, exits)")
     parser.add_argument("--rescan-interval", type=float, default=5.0, metavar="S",
@@ -53,6 +57,18 @@ def config_from_args(args: argparse.Namespace):
         kubernetes = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or bool(args.kubeconfig)
     if args.nvml not in ("auto", "off") and not args.nvml.startswith("stub:"):
         raise ValueError(f"--nvml must be auto, off or stub:DIR, not {args.nvml!r}")
+    # Discovery asks the API whenever there is one, even with --no-kubernetes (no pod attribution):
+    # in a cluster the chart may grant only the dcgm-exporter's namespaces.
+    api = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) or bool(args.kubeconfig) or bool(args.kubernetes)
+    discovery, off = False, ""
+    if args.dcgm_url:
+        off = "--dcgm-url given"
+    elif args.no_dcgm_discovery:
+        off = "no --dcgm-url given, discovery off (--no-dcgm-discovery)"
+    elif not api:
+        off = "no --dcgm-url given, and no Kubernetes API to find dcgm-exporter in"
+    else:
+        discovery = True
     return ExporterConfig(
         node=args.node, listen_host=host, listen_port=port, proc_root=Path(args.proc_root),
         library_globs=tuple(args.library_glob or DEFAULT_LIBRARY_GLOBS), ebpf=not args.no_ebpf,
@@ -60,7 +76,8 @@ def config_from_args(args: argparse.Namespace):
         rescan_interval_s=args.rescan_interval, attribution_grace_s=args.attribution_grace,
         retired_ttl_s=args.retired_ttl, registry_dir=Path(args.registry_dir) if args.registry_dir else None,
         kubernetes=kubernetes, kubeconfig=args.kubeconfig, nvml=args.nvml, dcgm_url=args.dcgm_url,
-        dcgm_interval_s=args.dcgm_interval)
+        dcgm_interval_s=args.dcgm_interval, dcgm_discovery=discovery, dcgm_discovery_off=off,
+        dcgm_namespaces=tuple(args.dcgm_namespace or ()))
 
 
 async def serve(config, stop: asyncio.Event | None = None) -> int:

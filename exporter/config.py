@@ -39,3 +39,8 @@ class ExporterConfig:
     nvml: str = "auto"                     # auto | off | stub:DIR
     dcgm_url: str | None = None
     dcgm_interval_s: float = 10.0
+    #: find dcgm-exporter on this node through the Kubernetes API when no dcgm_url is given
+    #: (None: no API to ask; dcgm_discovery_off says why)
+    dcgm_discovery: bool = False
+    dcgm_discovery_off: str = "no --dcgm-url given"
+    dcgm_namespaces: tuple[str, ...] = ()  # where to look; () = all namespaces

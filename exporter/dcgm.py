@@ -15,11 +15,14 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpulens.logs import get_logger
 
-from .health import SourceHealth
+from .health import DISABLED, FAILING, SourceHealth
+
+if TYPE_CHECKING:
+    from .dcgm_discovery import Finding
 
 __all__ = ["DcgmSnapshot", "DcgmSource", "DcgmParseError", "GAUGE_FIELDS", "PCIE_FIELDS", "BLANK_THRESHOLD"]
 
@@ -57,10 +60,15 @@ def _gpu(labels: dict[str, str]) -> str | None:
 
 
 class DcgmSource:
-    def __init__(self, url: str, health: SourceHealth, *, interval_s: float = 10.0, timeout_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+    """Scrapes one URL: the one given (--dcgm-url), or whichever `locate` finds before each poll
+    (dcgm_discovery.DcgmFinder.find: a Finding with a URL, or the state and reason of none)."""
+
+    def __init__(self, url: str | None, health: SourceHealth, *, interval_s: float = 10.0, timeout_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, locate: Callable[[], Finding] | None = None):
         self.url = url
         self.health = health
+        self._locate = locate
+        self._found = f"scraping {url} (--dcgm-url)" if url else ""
         self.interval_s = interval_s
         self._timeout = timeout_s
         self._max_gap = max(3 * interval_s, 30.0)
@@ -69,7 +77,7 @@ class DcgmSource:
         self._totals: dict[tuple[str, str], float] = {}
         self._prev: dict[tuple[str, str], tuple[float, float]] = {}   # key -> (raw value, time)
         self.blanks_dropped = 0
-        health.waiting(f"first scrape of {url} pending")
+        health.waiting(f"first scrape of {url} pending" if url else "looking for dcgm-exporter")
 
     @property
     def snapshot(self) -> DcgmSnapshot:
@@ -116,6 +124,37 @@ class DcgmSource:
             self._prev[key] = (value, now)
         self._totals, self._gauges = totals, gauges
 
+    def retarget(self, url: str | None) -> None:
+        """Scrape another dcgm-exporter from now on. A new pod is a new process whose counters
+        start from zero: the next counter sample is taken whole (as after a reset); the byte
+        totals already accumulated are kept, so gpulens' own counter never drops."""
+        self.url = url
+        self._prev = {key: (0.0, t) for key, (_, t) in self._prev.items()}
+        self._gauges = {}
+
+    def _follow(self) -> bool:
+        """Ask `locate` where dcgm-exporter is now; False (and health says why) when nowhere."""
+        if self._locate is None:
+            return self.url is not None
+        finding = self._locate()
+        if finding.url != self.url:
+            if finding.url:
+                log.info("dcgm.found", url=finding.url, reason=finding.reason, previous=self.url or "")
+            else:
+                log.warning("dcgm.lost", previous=self.url or "", reason=finding.reason)
+            self.retarget(finding.url)
+        if finding.url is None:
+            self._gauges = {}
+            if finding.state == FAILING:
+                self.health.failing(finding.reason, count=False)    # the finder counts its own errors
+            elif finding.state == DISABLED:
+                self.health.disabled(finding.reason)
+            else:
+                self.health.waiting(finding.reason)
+            return False
+        self._found = f"{finding.reason}, scraping {finding.url}"
+        return True
+
     async def poll(self, session) -> None:
         """One scrape of dcgm-exporter; every failure ends up in health, never raised."""
         import aiohttp
@@ -136,11 +175,12 @@ class DcgmSource:
             self._gauges = {}     # device gauges go stale; the accumulated counters are kept
             self.health.failing(reason)
             return
-        self.health.ok()
+        self.health.ok(self._found)
 
     async def run(self, session, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.poll(session)
+            if self._follow():
+                await self.poll(session)
             try:
                 await asyncio.wait_for(stop.wait(), self.interval_s)
             except asyncio.TimeoutError:

@@ -171,14 +171,23 @@ def pod_info(pod: Any) -> PodInfo | None:
 
 
 class PodIndex:
+    """This node's pods by UID, as `parse` reads them (default: PodInfo). `namespace` narrows the
+    list and watch to one namespace (RBAC may grant no more), `label_selector` to matching pods;
+    a parsed value needs `.uid` and `.node`."""
+
     def __init__(self, api_client_factory: Callable[[], Any], node: str, *, watch_timeout_s: int = 300,
-                 read_timeout_s: float | None = None, backoff_s: tuple[float, ...] = (1, 2, 5, 10, 30)):
+                 read_timeout_s: float | None = None, backoff_s: tuple[float, ...] = (1, 2, 5, 10, 30),
+                 namespace: str | None = None, label_selector: str | None = None,
+                 parse: Callable[[Any], Any] = pod_info):
         self._factory = api_client_factory
         self.node = node
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self._parse = parse
         self._watch_timeout = watch_timeout_s
         self._read_timeout = read_timeout_s if read_timeout_s is not None else watch_timeout_s + 30
         self._backoff = backoff_s
-        self._pods: Mapping[str, PodInfo] = {}
+        self._pods: Mapping[str, Any] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()     # set after the first successful list
@@ -193,10 +202,17 @@ class PodIndex:
     def __len__(self) -> int:
         return len(self._pods)
 
+    def values(self) -> list:
+        return list(self._pods.values())
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="gpulens-pod-watch", daemon=True)
             self._thread.start()
+
+    def request_stop(self) -> None:
+        """Ask the watch thread to end, without waiting (stop several indexes at once)."""
+        self._stop.set()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -206,6 +222,15 @@ class PodIndex:
 
     def _selector(self) -> str:
         return f"spec.nodeName={self.node}"
+
+    def _query(self, v1) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """The list call and its arguments (the watch streams the same call)."""
+        kwargs: dict[str, Any] = {"field_selector": self._selector()}
+        if self.label_selector:
+            kwargs["label_selector"] = self.label_selector
+        if self.namespace:
+            return v1.list_namespaced_pod, {"namespace": self.namespace, **kwargs}
+        return v1.list_pod_for_all_namespaces, kwargs
 
     def _run(self) -> None:
         from kubernetes import client, watch
@@ -218,11 +243,11 @@ class PodIndex:
                 if api_client is None:
                     api_client = self._factory()
                 v1 = client.CoreV1Api(api_client)
-                listing = v1.list_pod_for_all_namespaces(field_selector=self._selector(),
-                                                         _request_timeout=self._read_timeout)
+                call, query = self._query(v1)
+                listing = call(**query, _request_timeout=self._read_timeout)
                 pods = {}
                 for pod in listing.items or []:
-                    info = pod_info(pod)
+                    info = self._parse(pod)
                     if info and info.node == self.node:
                         pods[info.uid] = info
                 self._pods = pods
@@ -230,10 +255,10 @@ class PodIndex:
                 self.synced.set()
                 self.last_error = None
                 failures = 0
-                log.info("pods.listed", node=self.node, pods=len(pods))
+                log.info("pods.listed", node=self.node, pods=len(pods), namespace=self.namespace or "*",
+                         labels=self.label_selector or "")
                 w = watch.Watch()
-                stream = w.stream(v1.list_pod_for_all_namespaces, field_selector=self._selector(),
-                                  resource_version=listing.metadata.resource_version,
+                stream = w.stream(call, **query, resource_version=listing.metadata.resource_version,
                                   timeout_seconds=self._watch_timeout, allow_watch_bookmarks=True,
                                   _request_timeout=self._read_timeout)
                 for event in stream:
@@ -276,7 +301,7 @@ class PodIndex:
             return False
         if kind == "BOOKMARK":
             return True
-        info = pod_info(event.get("object"))
+        info = self._parse(event.get("object"))
         if info is None:
             return True
         self.events += 1

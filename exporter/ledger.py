@@ -16,7 +16,7 @@ full once it is.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterable
 
 from .attribution import Workload, local_workload, workload_id
@@ -34,6 +34,7 @@ class SeriesKey:
     job: str = ""              # label gpulens_job
     # label gpulens_workload (attribution.workload_id): a function of the pod, so not part of the identity
     workload: str = field(default="", compare=False)
+    rank: str = ""             # label rank: the worker's local rank, "" for a process without one
 
 
 @dataclass
@@ -139,9 +140,10 @@ class ProcessLedger:
             return None
         if workload is None:   # exited before we could look, or never resolvable: best effort
             workload = self._by_cgroup.get(c.cgroup_id) if c.cgroup_id > 1 else None
-            workload = workload or local_workload(c.comm)
+            # a neighbour's pod, but not its rank: this process's own is unknown
+            workload = replace(workload, rank="") if workload else local_workload(c.comm)
         return SeriesKey(gpu or "unknown", workload.namespace, workload.pod, workload.container, workload.job,
-                         workload_id(workload))
+                         workload_id(workload), rank=workload.rank)
 
     def _retire(self, proc: _Proc, now: float) -> None:
         if proc.series is None or proc.last is None:

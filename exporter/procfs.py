@@ -47,6 +47,19 @@ class ProcFS:
         except OSError:
             return None
 
+    def environ(self, pid: int, name: str, limit: int = 1 << 20) -> str | None:
+        """One variable of the process's initial environment (/proc/<pid>/environ, as exec'd)."""
+        try:
+            with open(f"{self._root}/{pid}/environ", "rb") as f:
+                data = f.read(limit)
+        except OSError:
+            return None
+        prefix = name.encode() + b"="
+        for entry in data.split(b"\0"):
+            if entry.startswith(prefix):
+                return entry[len(prefix):].decode("utf-8", "replace")
+        return None
+
     def _read(self, pid: int, name: str) -> str | None:
         data = self.read_bytes(pid, name)
         return None if data is None else data.decode("utf-8", "replace")

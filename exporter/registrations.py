@@ -34,6 +34,7 @@ class Registration:
     start_time: float
     path: str
     job_id: str = ""           # GPULENS_JOB_ID of the worker: the series' gpulens_job label
+    local_rank: int | None = None   # the worker's LOCAL_RANK: the series' rank label
 
 
 def _record(data: object, path: str) -> Registration | None:
@@ -53,10 +54,13 @@ def _record(data: object, path: str) -> Registration | None:
     if not isinstance(start, (int, float)):
         return None
     container, uid, job = data.get("container", ""), data.get("pod_uid", ""), data.get("job_id", "")
+    local_rank = data.get("local_rank")
+    if not isinstance(local_rank, int) or isinstance(local_rank, bool) or local_rank < 0:
+        local_rank = None
     return Registration(namespace=ns, pod=pod, container=container if isinstance(container, str) else "",
                         pod_uid=uid if isinstance(uid, str) else "", pid=pid, host_pid=host_pid,
                         pid_namespace=pidns, start_time=float(start), path=path,
-                        job_id=job if isinstance(job, str) else "")
+                        job_id=job if isinstance(job, str) else "", local_rank=local_rank)
 
 
 class RegistrationIndex:

@@ -22,6 +22,7 @@ from .catalogue import load_catalogue
 from .collector import GpulensCollector, ScrapeData, SourceView
 from .config import ExporterConfig
 from .dcgm import DcgmSource
+from .dcgm_discovery import DcgmFinder
 from .discovery import LibraryScanner
 from .exposition import ExpositionCache
 from .health import FAILING, OK, WAITING, SourceHealth
@@ -43,6 +44,7 @@ _ATTACH_RETRY_S = 30.0
 class Exporter:
     def __init__(self, config: ExporterConfig, *, nvml_opener: Callable[[], NvmlApi] | None | object = _DEFAULT,
                  pod_index: PodIndex | None | object = _DEFAULT,
+                 dcgm_finder: DcgmFinder | None | object = _DEFAULT,
                  probes_factory: Callable[[], DriverProbes] | None = None,
                  return_probe_gate: Callable[[DriverProbes], GateVerdict] = self_test,
                  clock: Callable[[], float] = time.monotonic):
@@ -70,10 +72,19 @@ class Exporter:
             nvml_opener = open_nvml(config.nvml, proc_root=str(config.proc_root))
         self._nvml_opener = nvml_opener
         self.nvml: NvmlSource | None = None
-        self.dcgm = DcgmSource(config.dcgm_url, self.health["dcgm"], interval_s=config.dcgm_interval_s) \
-            if config.dcgm_url else None
-        if self.dcgm is None:
-            self.health["dcgm"].disabled("no --dcgm-url given")
+        if dcgm_finder is _DEFAULT:
+            dcgm_finder = (DcgmFinder(lambda: make_api_client(config.kubeconfig), config.node,
+                                      namespaces=config.dcgm_namespaces)
+                           if config.dcgm_discovery and not config.dcgm_url else None)
+        self.dcgm_finder: DcgmFinder | None = dcgm_finder  # type: ignore[assignment]
+        self.dcgm: DcgmSource | None = None
+        if config.dcgm_url:
+            self.dcgm = DcgmSource(config.dcgm_url, self.health["dcgm"], interval_s=config.dcgm_interval_s)
+        elif self.dcgm_finder is not None:
+            self.dcgm = DcgmSource(None, self.health["dcgm"], interval_s=config.dcgm_interval_s,
+                                   locate=self.dcgm_finder.find)
+        else:
+            self.health["dcgm"].disabled(config.dcgm_discovery_off)
         self._probes_factory = probes_factory or (lambda: DriverProbes(
             max_processes=config.max_processes, max_inflight=config.max_inflight))
         self.probes: DriverProbes | None = None
@@ -114,6 +125,8 @@ class Exporter:
                     log.warning("ebpf.no_start_times", reason=self.probes.start_time_problem)
         if self.pods is not None:
             self.pods.start()
+        if self.dcgm_finder is not None:
+            self.dcgm_finder.start()
         log.info("exporter.started", node=self.config.node, ebpf=ebpf.view()[0],
                  nvml=self.health["nvml"].view()[0], dcgm=self.health["dcgm"].view()[0])
 
@@ -134,8 +147,12 @@ class Exporter:
             log.warning("return_probes.unsafe", kernel=self.gate.kernel, reason=self.gate.reason)
 
     def close(self) -> None:
+        if self.dcgm_finder is not None:
+            self.dcgm_finder.request_stop()
         if self.pods is not None:
             self.pods.stop()
+        if self.dcgm_finder is not None:
+            self.dcgm_finder.stop()
         with self._lock:
             if self.probes is not None:
                 self.probes.close()
@@ -231,7 +248,8 @@ class Exporter:
             if self.dcgm is not None:
                 snap = self.dcgm.snapshot
                 data.dcgm_gauges, data.dcgm_pcie = snap.gauges, snap.pcie_bytes
-            data.sources = [self._view(h) for h in self.health.values()] + [self._attribution_view()]
+            data.sources = [self._view(h, self.dcgm_finder.errors if h.name == "dcgm" and self.dcgm_finder else 0)
+                            for h in self.health.values()] + [self._attribution_view()]
             return data
 
     def _contention(self, nv: NvmlSnapshot, data: ScrapeData) -> None:
@@ -242,7 +260,7 @@ class Exporter:
             for p in procs:
                 w = self.attributor.attribute(p.pid) or local_workload(self.proc.comm(p.pid))
                 pods[(w.namespace, w.pod) if w.pod != "unknown" else ("?", p.pid)] = (w.job, workload_id(w))
-                key = SeriesKey(gpu, w.namespace, w.pod, w.container, w.job, workload_id(w))
+                key = SeriesKey(gpu, w.namespace, w.pod, w.container, w.job, workload_id(w), rank=w.rank)
                 if p.used_memory_bytes is not None:
                     data.gpu_memory[key] = data.gpu_memory.get(key, 0.0) + p.used_memory_bytes
                 u = nv.util.get((dev.index, p.pid))
@@ -256,9 +274,9 @@ class Exporter:
                     data.gpu_owner[gpu] = (str(only[0]), str(only[1]), job, workload)
 
     @staticmethod
-    def _view(h: SourceHealth) -> SourceView:
+    def _view(h: SourceHealth, more_errors: int = 0) -> SourceView:
         state, reason, errors = h.view()
-        return SourceView(h.name, state in (OK, WAITING), state, reason, errors)
+        return SourceView(h.name, state in (OK, WAITING), state, reason, errors + more_errors)
 
     def _attribution_view(self) -> SourceView:
         errors = (self.pods.errors if self.pods else 0) + (self.registrations.errors if self.registrations else 0)

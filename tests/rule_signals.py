@@ -16,8 +16,8 @@ SIGNALS = {
     "demand/baseline": "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
     "blocked share": "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
     "blocked share baseline": "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m",
-    "bytes/s": "namespace_pod_direction:gpulens_memcpy_bytes:rate5m",
-    "bytes/s baseline": "namespace_workload_direction:gpulens_memcpy_bytes_per_pod:baseline_rate5m",
+    "bytes/s per worker": "namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m",
+    "bytes/s baseline": "namespace_workload_direction:gpulens_memcpy_bytes_per_worker:baseline_rate5m",
 }
 _SHOWN_LABELS = ("pod", "direction", "gpulens_workload")
 

@@ -232,9 +232,9 @@ class Runner:
     DEMO_WORKLOAD = ("demo", "job/demo")
 
     async def _workload_baseline(self, session) -> float | None:
-        """The demo workload's recorded baseline (launches/s per pod), or None while it has none."""
+        """The demo workload's recorded baseline (launches/s per worker), or None while it has none."""
         ns, wl = self.DEMO_WORKLOAD
-        query = f'namespace_workload:gpulens_launches_per_pod:baseline_rate5m{{namespace="{ns}",gpulens_workload="{wl}"}}'
+        query = f'namespace_workload:gpulens_launches_per_worker:baseline_rate5m{{namespace="{ns}",gpulens_workload="{wl}"}}'
         try:
             async with session.get(f"http://127.0.0.1:{self.ports.prometheus}/api/v1/query",
                                    params={"query": query}) as r:
@@ -258,8 +258,8 @@ class Runner:
             while (value := await self._workload_baseline(session)) is None:
                 await asyncio.sleep(2)
         self.say(f"gpulens up: workload {'/'.join(self.DEMO_WORKLOAD)} has its baseline "
-                 f"({value:.0f} launches/s per pod)")
-        log.info("demo.baseline_established", workload="/".join(self.DEMO_WORKLOAD), launches_per_pod=value)
+                 f"({value:.0f} launches/s per worker)")
+        log.info("demo.baseline_established", workload="/".join(self.DEMO_WORKLOAD), launches_per_worker=value)
 
     async def _induce_incident(self) -> None:
         await asyncio.sleep(self.args.incident_after)

@@ -144,7 +144,7 @@ MUTATIONS = [
     ("no-minimum-baseline", RECORDING, ">= 20)", ">= 0)", "non_events.test.yml", "tiny_traffic"),
     ("no-history-guard", RECORDING,
      "          and on (namespace, gpulens_workload)\n"
-     "          (namespace_workload:gpulens_launches_per_pod:rate5m offset 35m)\n", "",
+     "          (namespace_workload:gpulens_launches_per_worker:rate5m offset 35m)\n", "",
      "non_events.test.yml", "young_job"),
     ("contention-need-not-appear", RECORDING,
      "\n          and namespace_pod:gpulens_gpu_pods:max\n"
@@ -172,8 +172,8 @@ MUTATIONS = [
     ("baseline-keyed-on-the-pod", RECORDING, "gpulens_workload)", "gpulens_workload, pod)",
      "workloads.test.yml", "redeploy_host_sync"),
     ("workload-summed-not-per-pod", RECORDING,
-     "avg by (namespace, gpulens_workload) (\n              namespace_pod:gpulens_launches:rate5m",
-     "sum by (namespace, gpulens_workload) (\n              namespace_pod:gpulens_launches:rate5m",
+     "avg by (namespace, gpulens_workload) (\n              namespace_pod:gpulens_launches_per_worker:rate5m",
+     "sum by (namespace, gpulens_workload) (\n              namespace_pod:gpulens_launches_per_worker:rate5m",
      "workloads.test.yml", "scale_in_4_to_2"),
     ("new-pods-judged-during-warm-up", RECORDING,
      "(namespace_pod:gpulens_live:since_timestamp offset 10m)", "(namespace_pod:gpulens_live:since_timestamp)",
@@ -192,6 +192,27 @@ MUTATIONS = [
      "          max_over_time(namespace_workload:gpulens_off_baseline:group[5m])", "",
      "workloads.test.yml", "host_sync_lasting"),
     ("baseline-not-held", RECORDING, "[1h])", "[1m])", "workloads.test.yml", "host_sync_lasting"),
+    # --- per worker (issue 29): the old per-pod sums let 8 small workers cross a floor that one does not ---
+    ("demand-floor-per-pod", RECORDING,
+     f"namespace_pod:gpulens_launches:rate5m / on ({K}) namespace_pod:gpulens_workers:count",
+     "namespace_pod:gpulens_launches:rate5m", "workers.test.yml", "workers_tiny_noise_8"),
+    ("demand-floor-per-pod-2", RECORDING,
+     f"namespace_pod:gpulens_launches:rate5m / on ({K}) namespace_pod:gpulens_workers:count",
+     "namespace_pod:gpulens_launches:rate5m", "workers.test.yml", "workers_tiny_noise_2"),
+    ("copy-floors-per-pod", RECORDING,
+     f"\n          / on ({K}) group_left () namespace_pod:gpulens_workers:count\n", "\n",
+     "workers.test.yml", "workers_device_slowdown_8"),
+    ("feed-floor-per-pod", RECORDING,
+     f"\n          / on ({K}) group_left () namespace_pod:gpulens_workers:count\n", "\n",
+     "workers.test.yml", "workers_demand_drop_2"),
+    ("blocked-share-unbounded", RECORDING,
+     "clamp_max(rate(gpulens_sync_wait_seconds_total[5m]), 1)", "rate(gpulens_sync_wait_seconds_total[5m])",
+     "workers.test.yml", 'expr: "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m"'),
+    ("exited-workers-counted", RECORDING,
+     "rate(gpulens_kernel_launches_total[5m]) > 0 or rate(gpulens_graph_launches_total[5m]) > 0",
+     "gpulens_kernel_launches_total", "workers.test.yml", "workers_one_rank_exits"),
+    ("workers-without-rank", RECORDING, "container, gpu, rank)", "container, gpu)",
+     "workers.test.yml", 'expr: "namespace_pod:gpulens_workers:count"'),
 ]
 
 
@@ -232,8 +253,33 @@ def test_breaking_a_guard_fails_a_named_scenario(promtool, rules_copy: Path, mut
 
 def test_the_unmutated_scenarios_pass_one_by_one(promtool, rules_copy: Path):
     """The mutation tests run one scenario at a time: the same extraction passes on the real rules."""
-    for _, _, _, _, test_file, scenario in MUTATIONS[-6:]:
+    for _, _, _, _, test_file, scenario in MUTATIONS[-7:]:
         _only_the_scenario(rules_copy / "tests" / test_file, scenario)
         result = run(promtool, "test", "rules", test_file, cwd=rules_copy / "tests")
         assert result.returncode == 0, result.stdout + result.stderr
         shutil.copy(ALERTRULES / "tests" / test_file, rules_copy / "tests" / test_file)
+
+
+def test_worker_counts_fire_the_same_alert_at_the_same_minute():
+    """Issue 29: each per-worker story is told with 1, 2 and 8 workers per container and expects the
+    same alerts (name and diagnosis) at the same minutes, silence included; promtool then proves it."""
+    stories: dict[str, dict[int, scenarios.Scenario]] = {}
+    for s in scenarios.WORKERS:
+        if s.expect and s.name.rsplit("_", 1)[1].isdigit():
+            story, n = s.name.rsplit("_", 1)
+            stories.setdefault(story, {})[int(n)] = s
+    assert set(stories) == {"workers_host_sync", "workers_device_slowdown", "workers_demand_drop", "workers_tiny_noise"}
+    for story, by_n in stories.items():
+        assert sorted(by_n) == list(scenarios.WORKER_COUNTS) == [1, 2, 8], story
+        timelines = set()
+        for n, s in by_n.items():
+            (pod,) = s.pods
+            assert pod.workers == n and len(pod.ranks()) == n
+            timelines.add(tuple((e.minute, tuple((a, labels["diagnosis"]) for a, labels in e.firing)) for e in s.expect))
+        assert len(timelines) == 1, f"{story}: the worker counts expect different alerts or minutes"
+        (timeline,) = timelines
+        if story != "workers_tiny_noise":     # the minute before the first firing is checked silent
+            first = next(i for i, (_, firing) in enumerate(timeline) if firing)
+            assert timeline[first - 1][0] == timeline[first][0] - 1 and not timeline[first - 1][1]
+        else:
+            assert all(not firing for _, firing in timeline)

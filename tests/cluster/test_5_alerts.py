@@ -138,7 +138,7 @@ def test_without_the_gateway_token_alertmanagers_call_is_refused_and_no_capture_
 def fired(trainer, monitoring, api) -> dict:
     """Waits for the workload's baseline (like `gpulens up`: an incident before it would become the
     baseline), switches host_sync on in both workers, and returns the firing alert."""
-    baseline = (f'namespace_workload:gpulens_launches_per_pod:baseline_rate5m'
+    baseline = (f'namespace_workload:gpulens_launches_per_worker:baseline_rate5m'
                 f'{{namespace="{trainer.namespace}",gpulens_workload="{WORKLOAD}"}}')
     wait_until("the workload's baseline", lambda: _query(monitoring, baseline), 900, 3)
     (trainer.control / "incident").write_text("host_sync")

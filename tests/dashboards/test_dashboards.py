@@ -189,7 +189,7 @@ def test_workload_panels_show_now_against_baseline():
     assert first["title"].startswith("Workload")
     following = [p for p in d["panels"] if p["type"] != "row" and first["gridPos"]["y"] < p["gridPos"]["y"] < rows[1]["gridPos"]["y"]]
     exprs = [t["expr"] for p in following for t in p.get("targets", [])]
-    for signal in ("gpulens_launches_per_pod", "gpulens_sync_wait_seconds", "gpulens_memcpy_bytes_per_pod", "gpulens_gpu_pods"):
+    for signal in ("gpulens_launches_per_worker", "gpulens_sync_wait_seconds", "gpulens_memcpy_bytes_per_worker", "gpulens_gpu_pods"):
         now = [e for e in exprs if signal in e and ":baseline" not in e]
         baseline = [e for e in exprs if signal in e and ":baseline" in e]
         assert now and baseline, signal
@@ -214,3 +214,32 @@ def test_alert_dashboard_links_point_at_these_dashboards():
         variables = {v["name"] for v in uids[m.group(1)]["templating"]["list"]}
         for var in re.findall(r"var-([a-z_]+)=", url):
             assert var in variables, f"{url}: no variable {var}"
+
+
+def test_the_rank_panel_names_the_rank_that_blocks_most(tmp_path, promtool):
+    """Issue 29: the workload dashboard's "Which rank blocks most" query, evaluated by promtool on a
+    pod with 4 ranks (rank 2 with two threads blocked at once, 1.5 s/s, shown as a share of 1;
+    the others 10-30%): each rank's share, at most 1, and rank 2 on top."""
+    d = DASHBOARDS["gpulens-workload.json"]
+    (panel,) = [p for p in d["panels"] if p.get("title") == "Which rank blocks most"]
+    (target,) = panel["targets"]
+    assert target["expr"] == build.RANK_BLOCKED and panel["type"] == "table"
+    expr = as_promql(target["expr"])
+    rates = {"0": 0.2, "1": 0.3, "2": 1.5, "3": 0.1}
+    series = [{"series": f'gpulens_sync_wait_seconds_total{{node="n", gpu="{r}", namespace="ml", pod="p-0", '
+                         f'container="trainer", gpulens_workload="Pod/p-0", rank="{r}"}}',
+               "values": f"0+{rate * 60:g}x10"} for r, rate in rates.items()]
+    labels = 'container="trainer", gpu="{r}", namespace="ml", pod="p-0", rank="{r}"'
+    test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [
+            {"expr": f"round({expr}, 0.01)", "eval_time": "10m",
+             "exp_samples": [{"labels": "{" + labels.format(r=r) + "}", "value": min(rate, 1.0)}
+                             for r, rate in rates.items()]},
+            {"expr": f"round(topk(1, {expr}), 0.01)", "eval_time": "10m",
+             "exp_samples": [{"labels": "{" + labels.format(r="2") + "}", "value": 1.0}]},
+        ]}]}
+    path = tmp_path / "rank.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

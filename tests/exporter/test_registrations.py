@@ -35,7 +35,7 @@ def test_record_matches_by_pid_namespace_and_pid(tmp_path, child):
     assert (rec.namespace, rec.pod, rec.container) == ("research", "trainer-3", "worker")
     assert rec.job_id == "job1"
     assert Attributor(ProcFS(), registrations=index).attribute(child.pid) == \
-        Workload("research", "trainer-3", "worker", "registration", "job1")
+        Workload("research", "trainer-3", "worker", "registration", "job1", rank="0")   # the record's local_rank
 
 
 def test_record_of_another_pid_namespace_does_not_match(tmp_path, child):

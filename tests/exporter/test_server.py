@@ -123,7 +123,8 @@ def test_cli_end_to_end_with_probes(run_exporter, port, stub, libcuda, workloads
     assert launches.value == rep["launches"] == 3000
     # no pod and no registration record: no job either (gpulens_job="", never a guess); the process is its own workload
     assert launches.labels == {"node": "n-e2e", "gpu": "unknown", "namespace": "local", "pod": "cuda-workload",
-                               "container": "", "gpulens_job": "", "gpulens_workload": "Pod/cuda-workload"}
+                               "container": "", "gpulens_job": "", "gpulens_workload": "Pod/cuda-workload",
+                               "rank": ""}   # no LOCAL_RANK: not a torchrun worker
     assert fams["gpulens_exporter_scrape_duration_seconds"].samples[0].value > 0
     w.finish()
     p.send_signal(signal.SIGINT)
