@@ -14,6 +14,7 @@ status is never reported before it is on disk, and a restart resumes from what w
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import posixpath
 import time
@@ -31,6 +32,7 @@ from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
+from .space import NodeDisk, artifact_sizes
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
 from .triggers import Trigger
 from .verification import Expectation, verify_trace
@@ -56,14 +58,15 @@ class PipelineSettings:
     keep_local: bool = False
     persist_retry_s: tuple[float, float] = (0.5, 30.0)  # first and longest pause between writes of a state
     archive_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    disk: NodeDisk | None = None    # issue 27: free-space guard and gzip staging (None: defaults under the state dir)
 
 
-def archive_key(archive_root: str, archive_prefix: str, target_id: str) -> str:
-    """The key under `archive_root` for `<archive_prefix>/traces/<target_id>.json`."""
+def archive_key(archive_root: str, archive_prefix: str, target_id: str, suffix: str = ".json.gz") -> str:
+    """The key under `archive_root` for `<archive_prefix>/traces/<target_id><suffix>`."""
     root = posixpath.normpath("/" + urlparse(archive_root).path.strip("/"))
     prefix = posixpath.normpath("/" + urlparse(archive_prefix).path.strip("/"))
     rel = posixpath.relpath(prefix, root)
-    return f"traces/{target_id}.json" if rel == "." else f"{rel}/traces/{target_id}.json"
+    return f"traces/{target_id}{suffix}" if rel == "." else f"{rel}/traces/{target_id}{suffix}"
 
 
 class Pipeline:
@@ -74,6 +77,7 @@ class Pipeline:
         self.registry, self.trigger, self.store = registry, trigger, store
         self.observer, self.verify_pool, self.archive = observer, verify_pool, archive
         self.metrics = metrics or AgentMetrics()
+        self.disk = settings.disk or NodeDisk(store.root.parent / "staging")
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -186,6 +190,9 @@ class Pipeline:
             os.chmod(watch_dir, 0o777)  # Kineto writes as the trainer's uid
         except OSError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"cannot prepare the trace folder: {exc}")
+        no_room = self.disk.refusal(spec, watch_dir)
+        if no_room:
+            return self._fail(rec, R.NO_DISK_SPACE, no_room)
         try:
             rec.log_file = log_file_for(worker.record.trace_dir, rec.capture_id, rec.target_id)
             config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options,
@@ -325,11 +332,14 @@ class Pipeline:
         )
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        verdict = await loop.run_in_executor(self.verify_pool, verify_trace, path, exp)
+        verdict = await loop.run_in_executor(self.verify_pool, functools.partial(
+            verify_trace, path, exp, stage=self.disk.staging(rec.capture_id, rec.target_id)))
         self.metrics.verified(verdict.size or 0, time.monotonic() - started)
         rec.verdict = verdict.to_dict()
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
+        if verdict.stage_error:
+            return self._fail(rec, R.NO_DISK_SPACE, f"{verdict.stage_error} (file kept at {path})")
         if rec.trace_id is None:
             rec.trace_id = verdict.trace_id
         detail = f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}"
@@ -349,7 +359,11 @@ class Pipeline:
             return self._fail(rec, R.ARCHIVE_FAILED, f"verified file vanished before archiving: {exc}")
         if size != verdict.get("size"):
             return self._set(rec, S.TRACE_OBSERVED, f"{path} changed after verification ({size} bytes); verifying again")
-        key = archive_key(self.s.archive_root, spec.archive_prefix, rec.target_id)
+        stored = Path(verdict.get("stored_path") or path)
+        if not stored.is_file():
+            return self._set(rec, S.TRACE_OBSERVED, f"the archive copy {stored} is gone; verifying again")
+        key = archive_key(self.s.archive_root, spec.archive_prefix, rec.target_id,
+                          ".json.gz" if verdict.get("encoding") == "gzip" else ".json")
 
         def retrying(attempt: int, exc: ArchiveError, pause: float) -> None:
             rec.status.detail = f"archive attempt {attempt} failed ({exc}); retrying in {pause:.1f} s"
@@ -362,13 +376,17 @@ class Pipeline:
             log.warning("archive.retry", attempt=attempt, error=str(exc)[:300])
 
         try:
-            uri = await put_file_retrying(self.archive, path, key, policy=self.s.archive_policy, on_retry=retrying)
+            uri = await put_file_retrying(self.archive, stored, key, policy=self.s.archive_policy, on_retry=retrying)
         except ArchiveError as exc:
             return self._fail(rec, R.ARCHIVE_FAILED, f"{exc} (file kept at {path})")
+        finally:
+            if stored != path:
+                stored.unlink(missing_ok=True)   # the staged copy: in the store now, or given up with the target
         rec.status.artifact = Artifact(
             target_id=rec.target_id, rank=spec.rank, local_rank=int(worker.get("local_rank", spec.local_rank or 0)),
             node=self.s.node, pod=str(worker.get("pod", spec.pod or "")), pid=int(worker["pid"]),
-            attempt=spec.attempt, uri=uri, size=int(verdict["size"]), sha256=verdict["sha256"],
+            attempt=spec.attempt, uri=uri, size=int(verdict.get("stored_size") or verdict["size"]),
+            sha256=verdict["sha256"], sizes=artifact_sizes(spec, verdict),
             trace_id=rec.trace_id, event_count=verdict.get("event_count"),
             iterations=None if not spec.iterations else {
                 "requested": spec.iterations, "roundup": spec.iteration_roundup or 1,

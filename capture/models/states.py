@@ -44,6 +44,7 @@ class FailureReason(str, Enum):
     KINETO_REFUSED = "kineto_refused"        # Kineto fetched the config and dropped it (builtin endpoint sees it)
     VERIFICATION_FAILED = "verification_failed"
     ARCHIVE_FAILED = "archive_failed"
+    NO_DISK_SPACE = "no_disk_space"          # the node's free space would not hold the trace budget (issue 27)
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
 
