@@ -447,3 +447,33 @@ async def test_workers_lists_records_with_host_pids(node, agent):
     async with AgentClient(agent.url, TOKEN) as client:
         workers = sorted(await client.workers(), key=lambda w: w.record.global_rank)
     assert [(w.record.global_rank, w.alive, w.host_pid) for w in workers] == [(0, True, procs[0].pid), (1, False, None)]
+
+
+async def test_a_nearly_full_trace_folder_is_refused_before_triggering(node):
+    """Issue 27's node guard: the trainers' trace folder is a 2 MiB tmpfs. A capture whose budget
+    (4 MiB) would not fit ends `no_disk_space` with the numbers, and Kineto never got a config;
+    one whose budget fits (256 KiB, no reserve) is traced and archived from the same folder."""
+    from tests.tinyfs import tiny_fs
+    fs = tiny_fs(node.base / "traces", size="2m", inodes=256)
+    try:
+        running = await start_agent(node.options(min_free_mb=0))
+        try:
+            node.worker(0)
+            big = {"budget_bytes": 4 << 20, "estimate_bytes": 3 << 20}
+            async with AgentClient(running.url, TOKEN) as client:
+                await client.dispatch("c-no-room-01", "rank-0", dispatch(node, "c-no-room-01", 0, budget=big))
+                st = (await converge(client, "c-no-room-01"))["rank-0"]
+                assert (st.state.value, st.reason.value) == ("failed", "no_disk_space"), st
+                assert str(node.base / "traces") in st.detail and "4.0 MiB" in st.detail, st.detail
+                assert "refused before triggering" in st.detail
+                assert node.kinetos[0].configs == []            # nothing was asked of the trainer
+                small = {"budget_bytes": 256 << 10, "estimate_bytes": 100 << 10, "gpu_buffer_mb": 1}
+                await client.dispatch("c-room-ok-01", "rank-0", dispatch(node, "c-room-ok-01", 0, budget=small))
+                ok = (await converge(client, "c-room-ok-01"))["rank-0"]
+            assert ok.state.value == "archived", ok
+            assert ok.artifact.sizes["budget"] == 256 << 10 and ok.artifact.sizes["gpu_buffer_mb"] == 1
+            assert len(node.kinetos[0].configs) == 1
+        finally:
+            await running.stop()
+    finally:
+        fs.close()
