@@ -197,7 +197,8 @@ class Pipeline:
             rec.log_file = log_file_for(worker.record.trace_dir, rec.capture_id, rec.target_id)
             config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options,
                                               iterations=spec.iterations or 0,
-                                              iteration_roundup=spec.iteration_roundup or 1))
+                                              iteration_roundup=spec.iteration_roundup or 1,
+                                              max_gpu_buffer_mb=spec.budget.gpu_buffer_mb if spec.budget else None))
         except ConfigError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"config refused: {exc}")
         rec.watch_path = str(watch_dir / os.path.basename(kineto_trace_path(rec.log_file, worker.record.pid)))

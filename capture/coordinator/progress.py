@@ -80,6 +80,7 @@ class CaptureRecord:
     alert_resolved_at: str | None = None
     snapshot: Snapshot | None = None
     targets: dict[str, TargetProgress] = field(default_factory=dict)
+    budget: Any = None                 # issue 27: the coordinator's BudgetPlan (budget.py)
     bus: EventBus = field(init=False)
 
     def __post_init__(self) -> None:

@@ -58,6 +58,7 @@ class TraceConfig:
     allow_newer_activities: bool = False
     iterations: int = 0           # > 0: iteration-based trace of this many optimizer steps
     iteration_roundup: int = 1    # start at a multiple of this (one value for the whole capture)
+    max_gpu_buffer_mb: int | None = None  # ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB (issue 27's budget); None: Kineto's 128
 
 
 def log_file_for(trace_dir: str, capture_id: str, target_id: str) -> str:
@@ -134,6 +135,11 @@ def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
         lines[2] = f"ACTIVITIES_DURATION_MSECS={min(cfg.duration_ms, FALLBACK_MS)}"
         lines += ["PROFILE_START_ITERATION=0", f"PROFILE_START_ITERATION_ROUNDUP={cfg.iteration_roundup}",
                   "ACTIVITIES_WARMUP_ITERATIONS=0", f"ACTIVITIES_ITERATIONS={cfg.iterations}"]
+    if cfg.max_gpu_buffer_mb is not None:
+        if isinstance(cfg.max_gpu_buffer_mb, bool) or not isinstance(cfg.max_gpu_buffer_mb, int) \
+                or not 1 <= cfg.max_gpu_buffer_mb <= 1 << 16:
+            raise ConfigError("max_gpu_buffer_mb", f"{cfg.max_gpu_buffer_mb!r} is not an integer in 1..65536")
+        lines.append(f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={cfg.max_gpu_buffer_mb}")
     if cfg.trace_id is not None:
         lines.append(f"REQUEST_TRACE_ID={cfg.trace_id}")
     return "\n".join(lines)
