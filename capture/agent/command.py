@@ -35,6 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-local", action="store_true", help="keep trace files after they are archived")
     parser.add_argument("--stale-grace-s", type=float, default=120.0,
                         help="remove a record this long after its process is gone")
+    parser.add_argument("--compress-level", type=int, default=1, choices=range(0, 10), metavar="0-9",
+                        help="gzip level of the archived copy, written while verifying (0: archive the raw JSON)")
+    parser.add_argument("--min-free-mb", type=int, default=1024,
+                        help="refuse a capture whose budget would leave less free on the trace or staging disk")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -62,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
                         archive_root=args.archive_root, token=token, trigger=args.trigger,
                         dynolog_addr=args.dynolog_addr, socket_dir=args.socket_dir, s3_endpoint=args.s3_endpoint,
                         verify_workers=args.verify_workers, keep_local=args.keep_local,
-                        stale_grace_s=args.stale_grace_s, archive_policy=RetryPolicy(attempts=args.archive_attempts))
+                        stale_grace_s=args.stale_grace_s, archive_policy=RetryPolicy(attempts=args.archive_attempts),
+                        compress_level=args.compress_level, min_free_mb=args.min_free_mb)
     try:
         return asyncio.run(serve(opts))
     except OSError as exc:

@@ -14,6 +14,7 @@ status is never reported before it is on disk, and a restart resumes from what w
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import posixpath
 import time
@@ -31,6 +32,7 @@ from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
+from .space import NodeDisk, artifact_sizes
 from .steps import StepLog, StepsUnreadable, first_traced_step
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
 from .triggers import Trigger
@@ -60,15 +62,17 @@ class PipelineSettings:
     linger_write_s: float = 60.0         # a due (or finished) trace writes its file within this
     kineto_poll_s: float = 5.0           # Kineto polls for configs this often
     archive_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    disk: NodeDisk | None = None    # issue 27: free-space guard and gzip staging (None: defaults under the state dir)
 
 
-def archive_key(archive_root: str, archive_prefix: str, target_id: str, *, late: bool = False) -> str:
-    """The key under `archive_root` for `<archive_prefix>/traces/<target_id>.json` (`.late.json`
+def archive_key(archive_root: str, archive_prefix: str, target_id: str, suffix: str = ".json.gz", *,
+                late: bool = False) -> str:
+    """The key under `archive_root` for `<archive_prefix>/traces/<target_id><suffix>` (`.late<suffix>`
     for a trace that landed after its target had ended: never what the manifest names)."""
     root = posixpath.normpath("/" + urlparse(archive_root).path.strip("/"))
     prefix = posixpath.normpath("/" + urlparse(archive_prefix).path.strip("/"))
     rel = posixpath.relpath(prefix, root)
-    name = f"traces/{target_id}{'.late' if late else ''}.json"
+    name = f"traces/{target_id}{'.late' if late else ''}{suffix}"
     return name if rel == "." else f"{rel}/{name}"
 
 
@@ -80,6 +84,7 @@ class Pipeline:
         self.registry, self.trigger, self.store = registry, trigger, store
         self.observer, self.verify_pool, self.archive = observer, verify_pool, archive
         self.metrics = metrics or AgentMetrics()
+        self.disk = settings.disk or NodeDisk(store.root.parent / "staging")
         # targets whose config reached Kineto's side (queued) and whose trace has neither landed nor
         # been proven never to come: while one is here its capture's folder stays, and its process
         # gets no other config (Kineto would ignore it)
@@ -207,12 +212,16 @@ class Pipeline:
             os.chmod(watch_dir, 0o777)  # Kineto writes as the trainer's uid
         except OSError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"cannot prepare the trace folder: {exc}")
+        no_room = self.disk.refusal(spec, watch_dir)
+        if no_room:
+            return self._fail(rec, R.NO_DISK_SPACE, no_room)
         try:
             rec.log_file = log_file_for(worker.record.trace_dir, rec.capture_id, rec.target_id)
             config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options,
                                               iterations=spec.iterations or 0,
                                               iteration_roundup=spec.iteration_roundup or 1,
-                                              start_iteration=spec.start_iteration))
+                                              start_iteration=spec.start_iteration,
+                                              max_gpu_buffer_mb=spec.budget.gpu_buffer_mb if spec.budget else None))
         except ConfigError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"config refused: {exc}")
         rec.watch_path = str(watch_dir / os.path.basename(kineto_trace_path(rec.log_file, worker.record.pid)))
@@ -405,10 +414,11 @@ class Pipeline:
             iterations=spec.iterations,
         )
 
-    async def _run_verifier(self, path: str, exp: Expectation) -> Verdict:
+    async def _run_verifier(self, rec: TargetRecord, path: str, exp: Expectation, *, stage: bool = True) -> Verdict:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        verdict = await loop.run_in_executor(self.verify_pool, verify_trace, path, exp)
+        verdict = await loop.run_in_executor(self.verify_pool, functools.partial(
+            verify_trace, path, exp, stage=self.disk.staging(rec.capture_id, rec.target_id) if stage else None))
         self.metrics.verified(verdict.size or 0, time.monotonic() - started)
         return verdict
 
@@ -416,12 +426,14 @@ class Pipeline:
         spec = rec.spec
         path = rec.watch_path
         assert path is not None
-        verdict = await self._run_verifier(path, self._expectation(rec, rec.observed_at))
+        verdict = await self._run_verifier(rec, path, self._expectation(rec, rec.observed_at))
         rec.verdict = verdict.to_dict()
         rec.verdict.pop("optimizer_spans", None)   # mapped to step numbers below; not worth keeping on disk
         rec.verdict.pop("collection", None)
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
+        if verdict.stage_error:
+            return self._fail(rec, R.NO_DISK_SPACE, f"{verdict.stage_error} (file kept at {path})")
         if rec.trace_id is None:
             rec.trace_id = verdict.trace_id
         if spec.iterations:
@@ -434,10 +446,12 @@ class Pipeline:
                 rec.verdict.update(step_first=traced[0], step_last=last, step_collected_last=traced[1])
             if spec.start_iteration is not None and traced is not None \
                     and traced[0] != first_traced_step(spec.start_iteration):
-                try:
-                    os.unlink(path)   # a misaligned trace is not this capture's photo; the detail keeps the facts
-                except OSError:
-                    pass
+                for misaligned in (path, verdict.stored_path):
+                    try:
+                        if misaligned:
+                            os.unlink(misaligned)   # not this capture's photo; the detail keeps the facts
+                    except OSError:
+                        pass
                 return self._fail(rec, R.MISSED_START,
                                   f"traced optimizer steps {traced[0]}..{traced[1]}, but the capture starts every rank "
                                   f"at Kineto iteration {spec.start_iteration} (optimizer step "
@@ -472,7 +486,11 @@ class Pipeline:
             return self._fail(rec, R.ARCHIVE_FAILED, f"verified file vanished before archiving: {exc}")
         if size != verdict.get("size"):
             return self._set(rec, S.TRACE_OBSERVED, f"{path} changed after verification ({size} bytes); verifying again")
-        key = archive_key(self.s.archive_root, spec.archive_prefix, rec.target_id)
+        stored = Path(verdict.get("stored_path") or path)
+        if not stored.is_file():
+            return self._set(rec, S.TRACE_OBSERVED, f"the archive copy {stored} is gone; verifying again")
+        key = archive_key(self.s.archive_root, spec.archive_prefix, rec.target_id,
+                          ".json.gz" if verdict.get("encoding") == "gzip" else ".json")
 
         def retrying(attempt: int, exc: ArchiveError, pause: float) -> None:
             rec.status.detail = f"archive attempt {attempt} failed ({exc}); retrying in {pause:.1f} s"
@@ -485,13 +503,17 @@ class Pipeline:
             log.warning("archive.retry", attempt=attempt, error=str(exc)[:300])
 
         try:
-            uri = await put_file_retrying(self.archive, path, key, policy=self.s.archive_policy, on_retry=retrying)
+            uri = await put_file_retrying(self.archive, stored, key, policy=self.s.archive_policy, on_retry=retrying)
         except ArchiveError as exc:
             return self._fail(rec, R.ARCHIVE_FAILED, f"{exc} (file kept at {path})")
+        finally:
+            if stored != path:
+                stored.unlink(missing_ok=True)   # the staged copy: in the store now, or given up with the target
         rec.status.artifact = Artifact(
             target_id=rec.target_id, rank=spec.rank, local_rank=int(worker.get("local_rank", spec.local_rank or 0)),
             node=self.s.node, pod=str(worker.get("pod", spec.pod or "")), pid=int(worker["pid"]),
-            attempt=spec.attempt, uri=uri, size=int(verdict["size"]), sha256=verdict["sha256"],
+            attempt=spec.attempt, uri=uri, size=int(verdict.get("stored_size") or verdict["size"]),
+            sha256=verdict["sha256"], sizes=artifact_sizes(spec, verdict),
             trace_id=rec.trace_id, event_count=verdict.get("event_count"),
             iterations=None if not spec.iterations else _iterations(spec, verdict))
         note = ""
@@ -556,8 +578,8 @@ class Pipeline:
 
     async def _archive_late(self, rec: TargetRecord, found: ObservedFile, log) -> None:
         path = Path(found.path)
-        verdict = await self._run_verifier(found.path, self._expectation(rec, found.observed_at))
-        key = archive_key(self.s.archive_root, rec.spec.archive_prefix, rec.target_id, late=True)
+        verdict = await self._run_verifier(rec, found.path, self._expectation(rec, found.observed_at), stage=False)
+        key = archive_key(self.s.archive_root, rec.spec.archive_prefix, rec.target_id, ".json", late=True)
         try:
             uri = await put_file_retrying(self.archive, path, key, policy=self.s.archive_policy)
         except ArchiveError as exc:

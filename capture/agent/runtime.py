@@ -25,6 +25,7 @@ from .observation import Observer
 from .pipeline import Pipeline, PipelineSettings
 from .registry import WorkerRegistry
 from .service import Agent, Housekeeping
+from .space import NodeDisk
 from .store import StatusStore
 from .triggers import BuiltinTrigger, DynologTrigger, Trigger, choose_trigger
 
@@ -54,6 +55,8 @@ class AgentOptions:
     retry_interval_s: float = 1.0
     archive_policy: RetryPolicy = field(default_factory=RetryPolicy)
     dynolog_timeout_s: float = 3.0
+    compress_level: int = 1                # issue 27: gzip level of the archive copy (0: archive the trace as is)
+    min_free_mb: int = 1024                # never let a capture leave less free on the node's disks
 
 
 @dataclass
@@ -112,7 +115,9 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
         observer.start()
         settings = PipelineSettings(node=o.node, trace_dir=Path(o.trace_dir), archive_root=o.archive_root,
                                     retry_interval_s=o.retry_interval_s, keep_local=o.keep_local,
-                                    archive_policy=o.archive_policy)
+                                    archive_policy=o.archive_policy,
+                                    disk=NodeDisk(Path(o.state_dir) / "staging", compress_level=o.compress_level,
+                                                  min_free_bytes=o.min_free_mb << 20))
         pipeline = Pipeline(settings, registry=registry, trigger=trigger, store=store, observer=observer,
                             verify_pool=pool, archive=archive, metrics=metrics)
         agent = Agent(pipeline=pipeline, store=store, registry=registry, archive_root=o.archive_root,

@@ -19,15 +19,17 @@ process never steps). Iteration traces are not held to the duration: N steps tak
 Speed (issue 17: at least `json.load`'s, in constant memory): the reader yields a decoded batch of
 ~16 KiB of events at a time, `_Tally` checks each chunk with C-level passes, and sha256 runs on a helper
 thread one chunk behind; bench/agent_verify.py measures it against `json.load` side by side.
+
+With a `Staging` (issue 27) the same read also writes the archive copy: gzip on that helper thread,
+the sha256 then covering the compressed bytes (staging.py). The copy is kept only when the trace
+verified; `stored_path`, `stored_size` and `encoding` say where and what it is.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from itertools import compress, repeat
 from math import isfinite
@@ -36,8 +38,9 @@ from typing import Any
 
 from ..activities import CORE_ACTIVITY_TYPES, NEWER_ACTIVITY_TYPES
 from .jsonstream import CHUNK, TraceStream, TraceSyntaxError
+from .staging import StagedBytes, Staging
 
-__all__ = ["Expectation", "Verdict", "verify_trace", "REQUIRED_KEYS", "must_be_present"]
+__all__ = ["Expectation", "Verdict", "verify_trace", "REQUIRED_KEYS", "must_be_present", "Staging"]
 
 REQUIRED_KEYS = ("schemaVersion", "traceEvents", "displayTimeUnit", "baseTimeNanoseconds", "traceName")
 ACTIVITY_CATEGORIES = frozenset(CORE_ACTIVITY_TYPES) | frozenset(NEWER_ACTIVITY_TYPES)
@@ -67,8 +70,8 @@ class Expectation:
 class Verdict:
     ok: bool
     problems: list[str] = field(default_factory=list)
-    size: int = 0
-    sha256: str = ""
+    size: int = 0                   # the trace's own (uncompressed) bytes
+    sha256: str = ""                # of the stored bytes: the gzip copy when staged, else the trace
     event_count: int = 0
     categories: dict[str, int] = field(default_factory=dict)
     trace_id: str | None = None
@@ -79,6 +82,10 @@ class Verdict:
     optimizer_steps: int = 0        # Optimizer.step#... spans
     optimizer_spans: list[tuple[float, float]] = field(default_factory=list)  # their [start, end], unix seconds (first MAX_SPANS)
     collection: tuple[float, float] | None = None   # Kineto's own "PyTorch Profiler (0)" span: collection start..stop, unix s
+    stored_path: str | None = None  # the verified archive copy (staged), None: archive the trace itself
+    stored_size: int = 0            # bytes of what sha256 covers
+    encoding: str = "identity"      # gzip when staged
+    stage_error: str | None = None  # the copy could not be written (disk): the trace may be fine
 
     @property
     def detail(self) -> str:
@@ -232,50 +239,29 @@ def _hashable(value: Any) -> bool:
     return True
 
 
-class _Sha256:
-    """sha256 of the bytes in order, on a helper thread: hashlib releases the GIL for big buffers,
-    so hashing chunk n overlaps with parsing chunk n+1. At most one chunk waits (memory stays flat)."""
-
-    def __init__(self, threaded: bool) -> None:
-        self._sha = hashlib.sha256()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gl-sha256") if threaded else None
-        self._pending: Future | None = None
-        self.size = 0
-
-    def update(self, data: bytes) -> None:
-        self.size += len(data)
-        if self._pool is None:
-            self._sha.update(data)
-            return
-        if self._pending is not None:
-            self._pending.result()
-        self._pending = self._pool.submit(self._sha.update, data)
-
-    def hexdigest(self) -> str:
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
-        return self._sha.hexdigest()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
-
-def verify_trace(path: str, exp: Expectation, *, chunk: int = CHUNK) -> Verdict:
-    """One pass over `path`; never raises for bad content (only the verdict says so)."""
+def verify_trace(path: str, exp: Expectation, *, chunk: int = CHUNK, stage: Staging | None = None) -> Verdict:
+    """One pass over `path`; never raises for bad content (only the verdict says so). With `stage`
+    the gzip archive copy is written in the same pass and kept only when the verdict is ok."""
     try:        # a thread pays off from a few chunks on (starting one costs ~0.1 ms)
         threaded = os.stat(path).st_size > 4 * chunk
     except OSError:
         threaded = False
-    sha = _Sha256(threaded)
+    sha = StagedBytes(threaded, stage)
     try:
-        return _verify(path, exp, chunk, sha)
+        verdict = _verify(path, exp, chunk, sha)
+        if not verdict.ok or stage is None:
+            sha.abort()
+            return verdict
+        verdict.stored_path = sha.finish()
+        verdict.stored_size, verdict.stage_error = sha.stored_size, sha.error
+        verdict.sha256 = sha.hexdigest() if sha.error is None else ""
+        verdict.encoding = "gzip"
+        return verdict
     finally:
         sha.close()
 
 
-def _verify(path: str, exp: Expectation, chunk: int, sha: _Sha256) -> Verdict:
+def _verify(path: str, exp: Expectation, chunk: int, sha: StagedBytes) -> Verdict:
     problems: list[str] = []
     top: dict[str, Any] = {}
     tally = _Tally(exp.pid, problems)
@@ -292,7 +278,7 @@ def _verify(path: str, exp: Expectation, chunk: int, sha: _Sha256) -> Verdict:
     except OSError as exc:
         return Verdict(False, [f"unreadable: {exc}"], sha.size, sha.hexdigest())
     # finish hashing if parsing stopped early (the manifest's checksum is always of the whole file)
-    if problems and problems[0].startswith("not valid JSON"):
+    if problems and problems[0].startswith("not valid JSON") and sha.stage is None:
         try:
             with open(path, "rb") as f:
                 f.seek(sha.size)
@@ -301,6 +287,8 @@ def _verify(path: str, exp: Expectation, chunk: int, sha: _Sha256) -> Verdict:
         except OSError:
             pass
         return Verdict(False, problems, sha.size, sha.hexdigest(), tally.events, tally.categories)
+    if problems and problems[0].startswith("not valid JSON"):     # staged: the copy goes, no checksum
+        return Verdict(False, problems, sha.size, "", tally.events, tally.categories)
     events, cats, size = tally.events, tally.categories, sha.size
     ts_min, ts_max, foreign_pids, steps = tally.ts_min, tally.ts_max, tally.foreign_pids, tally.steps
 
@@ -348,7 +336,7 @@ def _verify(path: str, exp: Expectation, chunk: int, sha: _Sha256) -> Verdict:
         if isinstance(base, int) and tally.collection is not None else None
     return Verdict(not problems, problems, size, sha.hexdigest(), events, cats, found_id, first, last,
                    min(steps) if steps else None, max(steps) if steps else None, tally.optimizer_steps, spans,
-                   collection)
+                   collection, stored_size=sha.stored_size)
 
 
 def _add(problems: list[str], text: str) -> None:

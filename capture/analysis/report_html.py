@@ -112,11 +112,30 @@ def _identity(summary: dict) -> str:
         items.append(("reason", ", ".join(f"{k}={v}" for k, v in reason.items())))
     if c.get("baseline"):
         items.append(("baseline", "this capture is the job's healthy baseline: later captures are compared with it"))
+    items += _sizes(summary["ranks"])
     it = summary.get("iterations")
     if it:
         items.append(("iterations", f"{it['requested']} requested (round-up {it['roundup'] or '—'}): "
                                     f"{'aligned' if it['aligned'] else 'NOT aligned'}: {it['why']}"))
     return "<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in items) + "</dl>"
+
+
+def _sizes(ranks: list[dict]) -> list[tuple[str, str]]:
+    """Issue 27: how big the traces were against their budget, and which Kineto stopped early."""
+    sized = [r for r in ranks if r.get("sizes")]
+    if not sized:
+        return []
+    mib = lambda n: f"{n / (1 << 20):.1f} MiB"  # noqa: E731
+    big = max(sized, key=lambda r: r["sizes"]["uncompressed"])
+    s = big["sizes"]
+    text = (f"largest rank {big['rank']}: {mib(s['uncompressed'])} of trace JSON"
+            + (f" (budget {mib(s['budget'])} per rank, estimated {mib(s['estimate'] or 0)})" if s.get("budget") else "")
+            + f", {mib(s['stored'])} stored ({s['encoding']}); all ranks {mib(sum(r['sizes']['stored'] for r in sized))} stored")
+    out = [("trace size", text)]
+    early = [f"rank {r['rank']}: {r['sizes']['stopped_early']}" for r in sized if r["sizes"].get("stopped_early")]
+    if early:
+        out.append(("stopped early", "; ".join(early)))
+    return out
 
 
 def _ranks(summary: dict) -> str:

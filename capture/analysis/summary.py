@@ -42,6 +42,8 @@ def _rank(entry: RankEntry) -> dict[str, Any]:
     out["trace"] = entry.facts.to_dict() if entry.facts is not None else None
     if a is not None and a.iterations is not None:
         out["iterations"] = a.iterations
+    if a is not None and a.sizes is not None:
+        out["sizes"] = a.sizes      # issue 27: budget, estimate, uncompressed, stored, stopped early
     return out
 
 

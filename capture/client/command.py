@@ -74,6 +74,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="trace N training iterations (optimizer steps), every rank from the same iteration")
     start.add_argument("--iteration-roundup", type=int, metavar="R",
                        help="with --iterations: start at a multiple of R (default: the coordinator's choice)")
+    start.add_argument("--budget-mb", type=int, metavar="MIB",
+                       help="uncompressed trace MiB each rank may write (default: the coordinator's, 200); iterations, "
+                            "window and payload options are fitted to it, or the capture is refused with the estimate")
     start.add_argument("--baseline", action="store_true",
                        help="a healthy reference capture: later reports of the job compare with it")
     start.add_argument("--activities", help="comma list of Kineto activity types (default: cpu_op,user_annotation,"
@@ -207,6 +210,8 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
         request["iteration_roundup"] = args.iteration_roundup
     if args.baseline:
         request["baseline"] = True
+    if args.budget_mb is not None:
+        request["budget_mb"] = args.budget_mb
     if args.job:
         request["job_id"] = args.job
     if args.attempt is not None:

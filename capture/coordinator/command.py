@@ -77,6 +77,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--coordinator-name", help="the CaptureCoordinator this coordinator serves (owner of its analysis Jobs)")
     a("--coordinator-uid", help="its metadata.uid (with --coordinator-name)")
     a("--state-dir", type=Path, help="keep a copy of each finished capture's status here")
+    a("--budget-mb", type=int, default=200, metavar="MIB",
+      help="uncompressed trace MiB per rank for captures that name none (docs/coordinator.md, 'Trace budget')")
     a("--start-delay-s", type=float, default=12.0, help="dynolog start delay allowance (poll 5 s + warm-up 7 s)")
     a("--archive-margin-s", type=float, default=20.0, help="verify + archive allowance on the node")
     a("--report-margin-s", type=float, default=10.0, help="agent deadline -> coordinator deadline")
@@ -148,7 +150,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             job_id=args.job, attempt=args.attempt, namespace=args.namespace, archive_root=args.archive_root,
             s3_endpoint=args.s3_endpoint, report_base_url=args.report_base_url, state_dir=args.state_dir,
             max_captures=args.max_captures, baseline_after_s=args.baseline_after_s,
-            baseline_duration_ms=args.baseline_duration_ms,
+            baseline_duration_ms=args.baseline_duration_ms, budget_mb=args.budget_mb,
             deadlines=DeadlinePolicy(start_delay_s=args.start_delay_s, archive_s=args.archive_margin_s,
                                      report_s=args.report_margin_s),
             fanout=FanoutSettings(poll_interval_s=args.poll_interval_s, start_lead_s=args.start_lead_s))

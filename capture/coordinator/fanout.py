@@ -52,7 +52,8 @@ def dispatch_for(record: CaptureRecord, p: TargetProgress) -> Dispatch:
                     activities=tuple(r.activities), deadline=record.agent_deadline, archive_prefix=record.archive_prefix,
                     local_rank=t.local_rank, pod=t.pod or None, pod_uid=t.pod_uid or None,
                     requested_at=record.requested_at, options=r.options, iterations=r.iterations,
-                    iteration_roundup=roundup, start_iteration=record.start_iteration if r.iterations else None)
+                    iteration_roundup=roundup, start_iteration=record.start_iteration if r.iterations else None,
+                    budget=record.budget.budget if record.budget else None)
 
 
 _OVERDUE = {

@@ -54,6 +54,8 @@ def build_manifest(record: CaptureRecord) -> Manifest:
                         p.detail or "", p.target.rank)
                 for p in targets if p.state != TargetState.ARCHIVED]
     request = dict(record.request.to_dict(), namespace=record.namespace, capture_id=record.capture_id)
+    if record.budget is not None:      # issue 27: what the budget made of the request, and why
+        request["budget"] = record.budget.to_dict()
     return Manifest(capture_id=record.capture_id, job_id=record.job_id, attempt=record.attempt,
                     requested_at=record.requested_at, duration_ms=record.request.duration_ms,
                     expected_targets=expected, artifacts=artifacts, failures=failures,

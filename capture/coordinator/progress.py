@@ -81,6 +81,7 @@ class CaptureRecord:
     start_iteration: int | None = None    # iteration captures: one absolute start for every rank (None: round-up)
     snapshot: Snapshot | None = None
     targets: dict[str, TargetProgress] = field(default_factory=dict)
+    budget: Any = None                 # issue 27: the coordinator's BudgetPlan (budget.py)
     bus: EventBus = field(init=False)
 
     def __post_init__(self) -> None:

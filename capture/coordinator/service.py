@@ -26,6 +26,7 @@ from gpulens.logs import get_logger
 from .agents import AgentClient, AgentError
 from .analysis_runner import AnalysisRunner
 from .archived import list_kept, read_archived
+from .budget import DEFAULT_BUDGET_MB, BudgetRefused, measured_from, plan_budget
 from .deadlines import DeadlinePolicy, DelayTracker
 from .discovery import Discovery, DiscoveryError
 from .fanout import AgentWorker, FanoutSettings
@@ -69,6 +70,7 @@ class CoordinatorSettings:
     max_captures: int = 200
     baseline_after_s: float = 0.0        # > 0: one healthy baseline capture once the job ran this long
     baseline_duration_ms: int = 3000
+    budget_mb: int = DEFAULT_BUDGET_MB     # issue 27: per rank, for requests that name none (budget.py)
 
 
 class Coordinator:
@@ -121,17 +123,35 @@ class Coordinator:
         active = self.active()
         if active is not None:
             raise CaptureBusy(active)
+        try:
+            plan = plan_budget(request, default_mb=s.budget_mb, measured=self._measured())
+        except BudgetRefused as exc:
+            raise RequestMismatch("budget_mb", str(exc)) from exc
         capture_id = request.capture_id or new_capture_id()
-        request = replace(request, capture_id=capture_id, attempt=s.attempt)
+        request = replace(plan.request, capture_id=capture_id, attempt=s.attempt)
         record = CaptureRecord(capture_id, request, s.namespace, s.job_id, s.attempt)
+        record.budget = plan
         record.archive_prefix = capture_prefix(s.archive_root, s.namespace, s.job_id, s.attempt, capture_id)
         self.captures[capture_id] = record
         self._cancel[capture_id] = asyncio.Event()
         self._evict()
         self.log.info("capture.accepted", capture_id=capture_id, requested_by=request.requested_by,
-                      reason=request.reason.kind, fingerprint=request.reason.fingerprint)
+                      reason=request.reason.kind, fingerprint=request.reason.fingerprint,
+                      budget_mb=request.budget_mb, estimate_bytes=plan.budget.estimate_bytes,
+                      changes="; ".join(plan.changes) or None)
+        if plan.changes:
+            record.note("budget", **plan.to_dict())
         self._tasks[capture_id] = asyncio.create_task(self._run(record), name=f"capture-{capture_id}")
         return record, True
+
+    def _measured(self):
+        """Trace size per iteration / second from the newest capture of this job that archived one."""
+        for record in reversed(self.captures.values()):
+            if record.phase in Phase.DONE and record.targets:
+                measured = measured_from(build_manifest(record), record.request)
+                if measured is not None:
+                    return measured
+        return None
 
     def cancel(self, capture_id: str) -> CaptureRecord | None:
         record = self.captures.get(capture_id)

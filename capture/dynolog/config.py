@@ -64,6 +64,7 @@ class TraceConfig:
     iterations: int = 0           # > 0: iteration-based trace of this many optimizer steps
     iteration_roundup: int = 1    # start at a multiple of this (one value for the whole capture)
     start_iteration: int | None = None   # or at exactly this iteration (round-up 1): one number for every rank
+    max_gpu_buffer_mb: int | None = None  # ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB (issue 27's budget); None: Kineto's 128
 
 
 def log_file_for(trace_dir: str, capture_id: str, target_id: str) -> str:
@@ -146,6 +147,11 @@ def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
         start, roundup = (0, cfg.iteration_roundup) if cfg.start_iteration is None else (cfg.start_iteration, 1)
         lines += [f"PROFILE_START_ITERATION={start}", f"PROFILE_START_ITERATION_ROUNDUP={roundup}",
                   "ACTIVITIES_WARMUP_ITERATIONS=0", f"ACTIVITIES_ITERATIONS={cfg.iterations}"]
+    if cfg.max_gpu_buffer_mb is not None:
+        if isinstance(cfg.max_gpu_buffer_mb, bool) or not isinstance(cfg.max_gpu_buffer_mb, int) \
+                or not 1 <= cfg.max_gpu_buffer_mb <= 1 << 16:
+            raise ConfigError("max_gpu_buffer_mb", f"{cfg.max_gpu_buffer_mb!r} is not an integer in 1..65536")
+        lines.append(f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={cfg.max_gpu_buffer_mb}")
     if cfg.trace_id is not None:
         lines.append(f"REQUEST_TRACE_ID={cfg.trace_id}")
     return "\n".join(lines)

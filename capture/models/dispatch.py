@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import schemas
+from .budget import TraceBudget
 from .request import CaptureOptions
 
 
@@ -26,6 +27,7 @@ class Dispatch:
     iterations: int | None = None          # iteration-based trace of this many optimizer steps ...
     iteration_roundup: int | None = None   # ... starting at a multiple of this, the same for every rank
     start_iteration: int | None = None     # ... or at exactly this Kineto iteration (round-up 1), chosen by the coordinator
+    budget: TraceBudget | None = None      # issue 27: bytes this rank's trace may take (the agent checks its disk)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Dispatch":
@@ -33,9 +35,13 @@ class Dispatch:
         d = dict(data)
         d["activities"] = tuple(d["activities"])
         d["options"] = CaptureOptions(**d.get("options", {}))
+        if "budget" in d:
+            d["budget"] = TraceBudget.from_dict(d["budget"])
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["activities"] = list(self.activities)
+        if self.budget is not None:
+            d["budget"] = self.budget.to_dict()
         return {k: v for k, v in d.items() if v is not None}

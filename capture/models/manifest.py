@@ -46,6 +46,9 @@ class Artifact:
     # iteration-based captures: requested/roundup, the trace's first and last ProfilerStep#N, the
     # optimizer steps Kineto counted, and whether it stepped at all (else Kineto's time fallback)
     iterations: dict[str, Any] | None = None
+    # issue 27: {budget, estimate, uncompressed, stored, encoding, gpu_buffer_mb, stopped_early}; `size`
+    # and `sha256` are of the stored bytes (gzip for .json.gz), what analysis fetches and checks
+    sizes: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Artifact":
@@ -54,7 +57,7 @@ class Artifact:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("event_count", "iterations"):
+        for key in ("event_count", "iterations", "sizes"):
             if d[key] is None:
                 del d[key]
         return d

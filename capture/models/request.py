@@ -55,6 +55,7 @@ class CaptureRequest:
     iterations: int | None = None
     iteration_roundup: int | None = None   # None: the coordinator's DEFAULT_ROUNDUP
     baseline: bool = False   # a healthy reference capture of the job: later reports compare with it
+    budget_mb: int | None = None   # issue 27: uncompressed trace MiB per rank (None: the coordinator's default)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CaptureRequest":
@@ -71,6 +72,7 @@ class CaptureRequest:
             iterations=data.get("iterations"),
             iteration_roundup=data.get("iteration_roundup"),
             baseline=data.get("baseline", False),
+            budget_mb=data.get("budget_mb"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,4 +94,6 @@ class CaptureRequest:
             out["iteration_roundup"] = self.iteration_roundup
         if self.baseline:
             out["baseline"] = True
+        if self.budget_mb is not None:
+            out["budget_mb"] = self.budget_mb
         return out

@@ -45,6 +45,7 @@ class FailureReason(str, Enum):
     MISSED_START = "missed_start"            # the rank was past the capture's start iteration before Kineto could take it
     VERIFICATION_FAILED = "verification_failed"
     ARCHIVE_FAILED = "archive_failed"
+    NO_DISK_SPACE = "no_disk_space"          # the node's free space would not hold the trace budget (issue 27)
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
 

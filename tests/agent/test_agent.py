@@ -5,6 +5,7 @@ Real PyTorch runs through the same paths in test_torch.py."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import subprocess
@@ -121,14 +122,36 @@ async def test_two_workers_end_verified_archived_and_checksummed(node, agent):
         assert isinstance(art, Artifact) and art.rank == rank and art.pid == proc.pid and art.node == "node-1"
         data = Path(art.uri.removeprefix("file://")).read_bytes()
         import hashlib
-        assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size
-        assert art.uri == f"{node.prefix('c-two-workers')}/traces/rank-{rank}.json"
+        assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size  # the stored (gzip) bytes
+        assert art.uri == f"{node.prefix('c-two-workers')}/traces/rank-{rank}.json.gz"
+        raw = gzip.decompress(data)   # issue 27: the archive holds the gzip of Kineto's file, written while verifying
+        assert json.loads(raw)["traceName"].endswith(f"rank-{rank}_{proc.pid}.json")
+        assert art.sizes == {"budget": None, "estimate": None, "uncompressed": len(raw), "stored": len(data),
+                             "encoding": "gzip", "gpu_buffer_mb": None, "stopped_early": None}
         assert art.trace_id == node.kinetos[rank].configs[0]["REQUEST_TRACE_ID"]  # the file answers our request
         assert not (node.base / "traces" / "c-two-workers" / f"rank-{rank}_{proc.pid}.json").exists()  # local copy gone
     # the Kineto stand-ins got exactly what the contract says: a per-(capture, target) name, cpu_op only
     cfg = node.kinetos[0].configs[0]
     assert cfg["ACTIVITIES_LOG_FILE"] == str(node.base / "traces" / "c-two-workers" / "rank-0.json")
     assert cfg["ACTIVITY_TYPES"] == "cpu_op"
+    assert list((node.base / "state" / "staging").iterdir()) == []   # the staged copies went once archived
+
+
+async def test_compress_level_0_archives_the_trace_as_it_is(node):
+    """The format before issue 27 (and what analysis must still read): raw JSON, checksum of it."""
+    running = await start_agent(node.options(compress_level=0))
+    try:
+        proc = node.worker(0)
+        async with AgentClient(running.url, TOKEN) as client:
+            await client.dispatch("c-raw-archive", "rank-0", dispatch(node, "c-raw-archive", 0))
+            st = (await converge(client, "c-raw-archive"))["rank-0"]
+    finally:
+        await running.stop()
+    assert st.state.value == "archived", st
+    data = Path(st.artifact.uri.removeprefix("file://")).read_bytes()
+    assert st.artifact.uri.endswith("/traces/rank-0.json") and data.startswith(b"{")
+    assert st.artifact.sizes["encoding"] == "identity" and st.artifact.sizes["stored"] == len(data) == st.artifact.size
+    assert json.loads(data)["traceName"].endswith(f"rank-0_{proc.pid}.json")
 
 
 @pytest.mark.parametrize("mode, outcome", [("honest", "archived"), ("no_file", "failed")])
@@ -192,7 +215,7 @@ async def test_truncated_trace_fails_verification_and_keeps_its_bytes(node, agen
     assert "truncated" in st.detail
     kept = node.base / "traces" / "c-truncated-01" / f"rank-0_{p.pid}.json"
     assert kept.exists() and str(kept) in st.detail
-    assert not list((node.base / "archive").rglob("*.json"))  # nothing archived
+    assert not list((node.base / "archive").rglob("*.json*"))  # nothing archived
 
 
 async def test_kineto_ignoring_activity_types_fails_verification(node, agent):
@@ -351,9 +374,9 @@ async def test_archive_outage_is_retried_and_a_lasting_one_keeps_the_bytes(node,
                 bad = (await converge(client, "c-s3-outage2"))["rank-1"]
         finally:
             await running.stop()
-        assert ok.state.value == "archived" and ok.artifact.uri == "s3://arch/root/ns/train/0/c-s3-outage1/traces/rank-0.json"
+        assert ok.state.value == "archived" and ok.artifact.uri == "s3://arch/root/ns/train/0/c-s3-outage1/traces/rank-0.json.gz"
         keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint).list_objects_v2(Bucket="arch")["Contents"]]
-        assert keys == ["root/ns/train/0/c-s3-outage1/traces/rank-0.json"]
+        assert keys == ["root/ns/train/0/c-s3-outage1/traces/rank-0.json.gz"]
         assert bad.reason.value == "archive_failed" and "after 4 attempt(s)" in bad.detail
         assert (node.base / "traces" / "c-s3-outage2" / f"rank-1_{procs[1].pid}.json").exists()
     finally:
@@ -427,3 +450,33 @@ async def test_workers_lists_records_with_host_pids(node, agent):
     async with AgentClient(agent.url, TOKEN) as client:
         workers = sorted(await client.workers(), key=lambda w: w.record.global_rank)
     assert [(w.record.global_rank, w.alive, w.host_pid) for w in workers] == [(0, True, procs[0].pid), (1, False, None)]
+
+
+async def test_a_nearly_full_trace_folder_is_refused_before_triggering(node):
+    """Issue 27's node guard: the trainers' trace folder is a 2 MiB tmpfs. A capture whose budget
+    (4 MiB) would not fit ends `no_disk_space` with the numbers, and Kineto never got a config;
+    one whose budget fits (256 KiB, no reserve) is traced and archived from the same folder."""
+    from tests.tinyfs import tiny_fs
+    fs = tiny_fs(node.base / "traces", size="2m", inodes=256)
+    try:
+        running = await start_agent(node.options(min_free_mb=0))
+        try:
+            node.worker(0)
+            big = {"budget_bytes": 4 << 20, "estimate_bytes": 3 << 20}
+            async with AgentClient(running.url, TOKEN) as client:
+                await client.dispatch("c-no-room-01", "rank-0", dispatch(node, "c-no-room-01", 0, budget=big))
+                st = (await converge(client, "c-no-room-01"))["rank-0"]
+                assert (st.state.value, st.reason.value) == ("failed", "no_disk_space"), st
+                assert str(node.base / "traces") in st.detail and "4.0 MiB" in st.detail, st.detail
+                assert "refused before triggering" in st.detail
+                assert node.kinetos[0].configs == []            # nothing was asked of the trainer
+                small = {"budget_bytes": 256 << 10, "estimate_bytes": 100 << 10, "gpu_buffer_mb": 1}
+                await client.dispatch("c-room-ok-01", "rank-0", dispatch(node, "c-room-ok-01", 0, budget=small))
+                ok = (await converge(client, "c-room-ok-01"))["rank-0"]
+            assert ok.state.value == "archived", ok
+            assert ok.artifact.sizes["budget"] == 256 << 10 and ok.artifact.sizes["gpu_buffer_mb"] == 1
+            assert len(node.kinetos[0].configs) == 1
+        finally:
+            await running.stop()
+    finally:
+        fs.close()

@@ -40,8 +40,9 @@ def s3(moto, monkeypatch):
 
 
 def test_archive_keys_stay_under_the_root():
-    assert archive_key("file:///a", "file:///a/ns/j/0/c-1", "rank-3") == "ns/j/0/c-1/traces/rank-3.json"
-    assert archive_key("s3://b/root", "s3://b/root", "rank-0") == "traces/rank-0.json"
+    assert archive_key("file:///a", "file:///a/ns/j/0/c-1", "rank-3") == "ns/j/0/c-1/traces/rank-3.json.gz"
+    assert archive_key("file:///a", "file:///a/ns/j/0/c-1", "rank-3", ".json") == "ns/j/0/c-1/traces/rank-3.json"
+    assert archive_key("s3://b/root", "s3://b/root", "rank-0") == "traces/rank-0.json.gz"
 
 
 async def test_file_archive_confirms_bytes(tmp_path):

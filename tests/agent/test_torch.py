@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gzip
 import hashlib
 import json
 import os
@@ -142,7 +143,7 @@ def archived_trace(status) -> dict:
     art = status.artifact
     data = Path(art.uri.removeprefix("file://")).read_bytes()
     assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size
-    return json.loads(data)
+    return json.loads(gzip.decompress(data) if art.uri.endswith(".gz") else data)
 
 
 def categories(trace: dict) -> collections.Counter:

@@ -59,7 +59,8 @@ class CaptureBuilder:
         return self.root / self.namespace / self.job / str(self.attempt) / self.capture_id
 
     def add(self, rank: int, source: Path | bytes, *, target_id: str | None = None, file_name: str | None = None,
-            pod: str = "trainer-0", node: str = "node-a", uri: str | None = None, expect: bool = True) -> "CaptureBuilder":
+            pod: str = "trainer-0", node: str = "node-a", uri: str | None = None, expect: bool = True,
+            sizes: dict | None = None) -> "CaptureBuilder":
         target_id = target_id or f"rank-{rank}"
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
         if file_name is None:
@@ -71,7 +72,8 @@ class CaptureBuilder:
             self._first_start = trace_start(data)
         self.artifacts.append(Artifact(target_id=target_id, rank=rank, local_rank=rank % 8, node=node, pod=pod,
                                        pid=1000 + rank, attempt=self.attempt, uri=uri or dest.as_uri(),
-                                       size=len(data), sha256=hashlib.sha256(data).hexdigest(), trace_id=None))
+                                       size=len(data), sha256=hashlib.sha256(data).hexdigest(), trace_id=None,
+                                       sizes=sizes))
         if expect:
             self.expected.append(ExpectedTarget(target_id, rank, rank % 8, pod, node))
         return self

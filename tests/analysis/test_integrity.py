@@ -212,3 +212,25 @@ def test_a_trace_outside_the_capture_window_is_excluded_with_the_times(builder, 
     assert _status(run) == {"rank-0": ("analysed", None), "rank-1": ("excluded", "outside_window")}
     detail = next(r for r in run.summary["ranks"] if r["rank"] == 1)["detail"]
     assert "the capture was requested at 2023-04-28T" in detail and "the trace spans 2023-04-28T" in detail
+
+
+def test_agent_gzip_archives_and_old_raw_ones_analyse_together_and_the_report_shows_the_sizes(builder, trace_filter):
+    """Issue 27: the agent archives `rank-N.json.gz` with the checksum of the gzip; a capture from
+    before stores raw `.json`. Both analyse; the summary and the report carry the sizes and say
+    which rank Kineto stopped early."""
+    raw0 = gzip.decompress(trace_filter[0].read_bytes())
+    stored0 = gzip.compress(raw0, compresslevel=1)
+    sizes = {"budget": 4 << 20, "estimate": 3 << 20, "uncompressed": len(raw0), "stored": len(stored0),
+             "encoding": "gzip", "gpu_buffer_mb": 4, "stopped_early": "2 of 5 iterations traced: Kineto stopped early"}
+    capture = (builder()
+               .add(0, stored0, file_name="rank-0.json.gz", sizes=sizes)
+               .add(1, gzip.decompress(trace_filter[1].read_bytes()), file_name="rank-1.json")    # an old archive
+               .write())
+    run = analyze_manifest(capture.manifest_uri)
+    assert _status(run) == {"rank-0": ("analysed", None), "rank-1": ("analysed", None)}
+    ranks = {r["rank"]: r for r in run.summary["ranks"]}
+    assert ranks[0]["sizes"] == sizes and ranks[0]["trace"]["compressed"] is True
+    assert "sizes" not in ranks[1] and ranks[1]["trace"]["compressed"] is False
+    html = (capture.dir / "analysis" / "report.html").read_text()
+    assert f"largest rank 0: {len(raw0) / (1 << 20):.1f} MiB of trace JSON (budget 4.0 MiB per rank" in html
+    assert "rank 0: 2 of 5 iterations traced: Kineto stopped early" in html

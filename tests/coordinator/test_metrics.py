@@ -113,7 +113,7 @@ async def test_a_capture_moves_the_agent_and_coordinator_counters_by_exactly_wha
     assert delta(a1, a0, "gpulens_agent_targets_total", outcome="archived", reason="") == 1
     assert delta(a1, a0, "gpulens_agent_targets_total", outcome="failed", reason="process_gone") == 1
     assert sum(v for (n, labels), v in a1.items() if n == "gpulens_agent_targets_total") == 2
-    assert delta(a1, a0, "gpulens_agent_verified_bytes_total") == artifact.size
+    assert delta(a1, a0, "gpulens_agent_verified_bytes_total") == artifact.sizes["uncompressed"] > artifact.size  # raw read, gzip stored
     assert delta(a1, a0, "gpulens_agent_verification_seconds_total") > 0
     assert delta(a1, a0, "gpulens_agent_observation_delay_seconds_count") == 1
     assert delta(a1, a0, "gpulens_agent_archive_retries_total") == 0

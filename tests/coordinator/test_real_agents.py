@@ -7,6 +7,7 @@ checksummed trace), `gpulens capture start --wait` exits 3, and the manifest nam
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import json
 import os
@@ -147,7 +148,7 @@ async def test_one_real_agent_killed_mid_capture(tmp_path, http):
         assert (art.rank, art.node, art.pod) == (0, "node-a", "train-0")
         data = Path(art.uri.removeprefix("file://")).read_bytes()
         assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size
-        trace = json.loads(data)
+        trace = json.loads(gzip.decompress(data))   # archived as gzip (issue 27)
         assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])       # a real Kineto trace
     finally:
         stop_file.touch()

@@ -11,6 +11,7 @@ Needs root (eBPF uprobes on the CUDA stand-in), Prometheus and Alertmanager (scr
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import random
@@ -189,8 +190,12 @@ def test_incident_to_annotated_report_then_clean_shutdown(tmp_path, up_env):
         assert sorted(a["rank"] for a in manifest["artifacts"]) == [0, 1]
         assert {a["pod"] for a in manifest["artifacts"]} == {"demo-trainer-1"}
         assert manifest["request"]["reason"]["kind"] == "alert"
-        for art in manifest["artifacts"]:
-            trace = json.loads(Path(art["uri"].removeprefix("file://")).read_text())
+        for art in manifest["artifacts"]:   # issue 27: archived as gzip, checksummed as stored, sizes recorded
+            assert art["uri"].endswith(f"/traces/rank-{art['rank']}.json.gz"), art["uri"]
+            stored = Path(art["uri"].removeprefix("file://")).read_bytes()
+            assert len(stored) == art["size"] == art["sizes"]["stored"] and art["sizes"]["encoding"] == "gzip"
+            trace = json.loads(gzip.decompress(stored))
+            assert art["sizes"]["uncompressed"] <= art["sizes"]["budget"]
             assert any(ev.get("cat") == "cpu_op" for ev in trace["traceEvents"])
         # the report answers the alert: the trace supports host_sync, compared with the healthy baseline
         assert (workdir / "archive" / capture["report"]).stat().st_size > 1000
