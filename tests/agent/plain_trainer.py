@@ -4,7 +4,9 @@
 
 Each step ends with a gloo all_reduce, so the ranks stay in lockstep as DDP ranks do. This is the
 common loop issue 31 describes: the iterations a capture covers must be known without it.
-SLOW_RANK sleeps SLOW_S more per step before the collective (a straggler).
+SLOW_RANK sleeps SLOW_S more per step before the collective (a straggler). With
+GPULENS_TRAINER_DEVICE=cuda the model runs on the GPU (the collective stays on gloo, CPU tensors:
+two ranks may share one GPU), for bench/gpu_capture_check.py.
 """
 
 import os
@@ -19,9 +21,11 @@ def main(stop_file: str, max_s: float, slow_rank: int, slow_s: float) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model = torch.nn.Linear(32, 32)
+    device = os.environ.get("GPULENS_TRAINER_DEVICE", "cpu")
+    width = 1024 if device == "cuda" else 32
+    model = torch.nn.Linear(width, width).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(16, 32)
+    x = torch.randn(16, width, device=device)
     print(f"ready {os.getpid()} rank {rank}", flush=True)
     end = time.time() + max_s
     while True:
