@@ -84,8 +84,8 @@ def build_capture(root: Path, n: int, sources: list[Path], first_s: float) -> st
     return (cap / "manifest.json").as_uri()
 
 
-def export_before(ref: str, dest: Path) -> Path:
-    data = subprocess.run(["git", "-C", str(REPO), "archive", ref, "capture", "gpulens", "hooks", "exporter"],
+def export_ref(ref: str, dest: Path) -> Path:
+    data = subprocess.run(["git", "-C", str(REPO), "archive", ref, "capture", "gpulens", "hooks", "exporter", "tests"],
                           check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
@@ -136,6 +136,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--paths", nargs="+", default=["before", "dask"], choices=["before", "dask"])
     ap.add_argument("--before-ref", default=BEFORE_REF)
+    ap.add_argument("--after-ref", default=None, help="run the Dask path from this git ref (default: the working tree)")
     ap.add_argument("--only", nargs="*", default=[], help="path:ranks cases to run, e.g. dask:128 (default: all)")
     args = ap.parse_args()
     mib = 1 << 20
@@ -144,9 +145,9 @@ def main() -> None:
         sources, first = make_traces(tmp, args.mb)
         json_mb = statistics.mean(p.stat().st_size for p in sources) / mib
         uris = {n: build_capture(tmp / "archive", n, sources, first) for n in args.ranks}
-        code = {"dask": REPO}
+        code = {"dask": export_ref(args.after_ref, tmp / "after") if args.after_ref else REPO}
         if "before" in args.paths:
-            code["before"] = export_before(args.before_ref, tmp / "before")
+            code["before"] = export_ref(args.before_ref, tmp / "before")
         cases = [(p, n) for n in args.ranks for p in args.paths if not args.only or f"{p}:{n}" in args.only]
         results: dict[tuple[str, int], list[dict]] = {c: [] for c in cases}
         for i in range(args.runs):
