@@ -106,8 +106,9 @@ def dask_client(plan: ClusterPlan, log: EventLogger) -> Iterator[Any]:
     }
     with dask.config.set(settings):
         cluster = LocalCluster(n_workers=plan.workers, threads_per_worker=1, processes=True,
-                               memory_limit=plan.memory_limit, dashboard_address=None, host="127.0.0.1",
-                               silence_logs=logging.CRITICAL)
+                               memory_limit=plan.memory_limit, host="127.0.0.1", silence_logs=logging.CRITICAL,
+                               # Dask's HTTP endpoints (health, metrics) on loopback, any free port: never 8787
+                               dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False})
         try:
             client = Client(cluster)
             log.info("dask.started", scheduler=cluster.scheduler_address, workers=plan.workers,

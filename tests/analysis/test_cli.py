@@ -72,7 +72,7 @@ def test_manifest_without_artifacts_exits_2(builder):
 
 @pytest.mark.parametrize("args,needle", [
     (["http://example.invalid/manifest.json"], "must be file:///"),
-    (["--jobs", "0", "file:///nonexistent/manifest.json"], "--jobs must be between 1 and 8"),
+    (["--jobs", "0", "file:///nonexistent/manifest.json"], "--jobs must be between 1 and 64"),
     ([], "required"),
 ])
 def test_bad_arguments_exit_2(args, needle):
