@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -52,10 +51,9 @@ def _json_bytes(artifact) -> int:
 
 
 def _total_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 8 << 30
+    """This machine's memory, or the container's cgroup limit when lower (Dask reads both)."""
+    from distributed.system import MEMORY_LIMIT
+    return int(MEMORY_LIMIT)
 
 
 def plan_cluster(artifacts: list, jobs: int, scheduler: str | None, memory_limit: int | None) -> ClusterPlan:

@@ -60,10 +60,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def external_cluster(tmp_path):
-    """A real Dask cluster started with its own CLIs (`dask scheduler`, `dask worker`): what a
-    deployment runs; yields (address, worker pid)."""
+def _start_cluster(tmp_path, workers: int):
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     dask = str(Path(sys.executable).with_name("dask"))
@@ -71,21 +68,22 @@ def external_cluster(tmp_path):
     procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)]
     try:
-        procs.append(subprocess.Popen([dask, "worker", address, "--nworkers", "1", "--nthreads", "1", "--no-nanny",
-                                       "--no-dashboard", "--memory-limit", "2GiB"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path))
+        for _ in range(workers):
+            procs.append(subprocess.Popen([dask, "worker", address, "--nworkers", "1", "--nthreads", "1",
+                                           "--no-nanny", "--no-dashboard", "--memory-limit", "2GiB"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path))
         from distributed import Client
         deadline = time.monotonic() + 120
         while True:
             try:
                 with Client(address, timeout=5) as c:
-                    if c.scheduler_info()["workers"]:
+                    if len(c.scheduler_info()["workers"]) == workers:
                         break
             except OSError:
                 pass
             assert time.monotonic() < deadline, "the Dask cluster did not come up"
             time.sleep(0.5)
-        yield address, procs[1].pid
+        yield address, [p.pid for p in procs[1:]]
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -97,8 +95,20 @@ def external_cluster(tmp_path):
                 p.wait()
 
 
+@pytest.fixture
+def external_cluster(tmp_path):
+    """A real Dask cluster started with its own CLIs (`dask scheduler`, `dask worker`), as a
+    deployment runs it: one worker; yields (address, [worker pid])."""
+    yield from _start_cluster(tmp_path, 1)
+
+
+@pytest.fixture
+def two_worker_cluster(tmp_path):
+    yield from _start_cluster(tmp_path, 2)
+
+
 def test_an_existing_cluster_runs_the_ranks(builder, trace_filter, external_cluster):
-    address, worker_pid = external_cluster
+    address, (worker_pid,) = external_cluster
     capture = builder().add(0, trace_filter[0]).add(1, trace_filter[1]).write()
     out = subprocess.run([sys.executable, "-m", "gpulens.cli", "analyze", capture.manifest_uri, "--scheduler", address],
                          capture_output=True, text=True, timeout=300)
@@ -108,6 +118,43 @@ def test_an_existing_cluster_runs_the_ranks(builder, trace_filter, external_clus
         doc = json.loads((capture.dir / "traces" / f"rank-{r}.analysis.json").read_text())
         assert doc["status"] == "analysed" and doc["worker"]["pid"] == worker_pid  # ran on that cluster's worker
     assert json.loads((capture.dir / "analysis" / "summary.json").read_text())["counts"]["analysed"] == 2
+
+
+def test_a_worker_lost_mid_analysis_costs_a_retry_not_the_rank(builder, trace_filter, two_worker_cluster):
+    """As when a worker pod is deleted: the worker holding rank 1 is killed while it works on it;
+    the scheduler gives the rank to the other worker and the capture is analysed whole."""
+    import signal
+    import threading
+
+    from distributed import Client
+
+    address, pids = two_worker_cluster
+    capture = builder().add(0, trace_filter[0]).add(1, trace_filter[1]).write()
+    killed = []
+
+    def kill_rank_1_worker():
+        with Client(address, timeout=10) as c:
+            pid_of = c.run(os.getpid)  # worker address -> its process
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not killed:
+                for addr, keys in c.processing().items():
+                    if any("gpulens-rank-1-" in str(k) for k in keys) and addr in pid_of:
+                        os.kill(pid_of[addr], signal.SIGKILL)
+                        killed.append(pid_of[addr])
+                        return
+                time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_rank_1_worker)
+    killer.start()
+    out = subprocess.run([sys.executable, "-m", "gpulens.cli", "analyze", capture.manifest_uri, "--scheduler", address],
+                         capture_output=True, text=True, timeout=300)
+    killer.join()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert killed and killed[0] in pids
+    doc = json.loads((capture.dir / "traces" / "rank-1.analysis.json").read_text())
+    assert doc["status"] == "analysed" and doc["worker"]["pid"] != killed[0]  # redone on the surviving worker
+    summary = json.loads((capture.dir / "analysis" / "summary.json").read_text())
+    assert summary["counts"]["analysed"] == 2
 
 
 def test_an_unreachable_scheduler_is_a_clear_error(builder, trace_filter):

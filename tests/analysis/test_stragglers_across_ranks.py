@@ -27,8 +27,10 @@ def test_the_slowed_rank_is_named_with_how_much_and_how_often(ddp_run):
     assert s["trace_kind"] == "cpu_only" and s["counts"]["analysed"] == DDP_WORLD
     x = s["cross_rank"]
     assert x["status"] == "ok"
-    assert [t["rank"] for t in x["stragglers"]] == [DDP_SLOW_RANK]
-    top = x["stragglers"][0]
+    top, *others = x["stragglers"]
+    assert top["rank"] == DDP_SLOW_RANK
+    # a loaded machine may make another rank slow in an iteration: never consistently, never by as much
+    assert all(not o["consistent"] and (o["more_us_per_step"] or 0) < 0.25 * top["more_us_per_step"] for o in others)
     assert top["consistent"] and top["slow_iterations"] == top["of_iterations"] == len(x["iterations"]) >= 3
     assert top["more_pct_of_step"] > 30  # ~26 ms of sleep per step in a step of a few ms of work
     assert f"rank {DDP_SLOW_RANK}" in x["why"]
