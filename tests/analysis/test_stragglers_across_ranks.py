@@ -62,3 +62,18 @@ def test_without_collectives_the_slow_step_is_the_straggler_and_inconsistency_is
 def test_one_rank_with_steps_is_not_enough():
     x = stragglers({0: [{"step": 1, "dur_us": 1.0, "collective_us": 0.0}], 1: []}, None)
     assert x["status"] == "not_applicable" and "two or more" in x["why"]
+
+
+def test_in_lock_step_the_rank_the_others_wait_for_is_named():
+    """Equal step times (a synchronous job): only the time the others spend inside collectives tells."""
+    steps = {r: [{"step": i, "dur_us": 1000.0, "collective_us": 100.0 if r == 2 else 900.0} for i in range(1, 5)]
+             for r in range(4)}
+    ev = [{"rank": r, "steps": 4, "profile_unit": "step", "profile": [],
+           "input_wait": {"per_step_us": 850.0 if r == 2 else 50.0}, "host_blocking": {"per_step_us": 10.0},
+           "kernel_per_step_us": None} for r in range(4)]
+    x = stragglers(steps, ev)
+    [top] = x["stragglers"]
+    assert top["rank"] == 2 and top["consistent"] and top["more_us_per_step"] == 800.0
+    assert top["more_pct_of_step"] == 80.0
+    assert top["differs"] == [{"what": "data-loader wait", "us_per_step": 850.0, "others_median_us": 50.0,
+                               "delta_us": 800.0}]  # host blocking is equal; kernel time cannot be seen (None)
