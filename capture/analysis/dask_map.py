@@ -27,7 +27,10 @@ __all__ = ["ClusterPlan", "plan_cluster", "dask_client", "map_ranks", "RETRIES",
 
 RETRIES = 1                     # a lost worker's rank is tried once more on another worker
 WORKER_BASE_BYTES = 768 << 20   # an idle worker with pandas and HTA imported, and headroom
-JSON_FACTOR = 6                 # peak bytes per byte of trace JSON (HTA's frames + our inspection)
+#: peak worker bytes per byte of trace JSON: measured 1.5 GiB for one 28.7 MB rank of real (replicated)
+#: GPU+NCCL events through inspection, HTA's load and the nine analyses (BENCHMARKS.md, "Analysis at
+#: scale"); HTA's analyses copy the frame. Small traces stay near the base.
+JSON_FACTOR = 50
 GZIP_EXPANSION = 12             # a gzipped Kineto trace's JSON is ~10-16x its size (see reference)
 MIN_WORKER_BYTES = 1 << 30
 LOST = "lost"                   # map_ranks' marker for a rank whose worker died (with the reason)
@@ -72,6 +75,9 @@ def plan_cluster(artifacts: list, jobs: int, scheduler: str | None, memory_limit
         if fit < workers:
             why += f"; only {fit} fit in this machine's {budget >> 20} MiB"
             workers = fit
+        if limit > budget and not memory_limit:
+            why += f"; capped at this machine's {budget >> 20} MiB"
+            limit = budget
     return ClusterPlan(None, workers, limit, why)
 
 

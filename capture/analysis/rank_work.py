@@ -73,17 +73,25 @@ def analyse_rank(job: RankJob) -> dict[str, Any]:
         "evidence": {"rank": None, "error": None}, "steps": None, "min_ts": None,
         "tool": {"gpulens": __version__, "hta": None}, "seconds": seconds}
     Path(job.work_dir).mkdir(parents=True, exist_ok=True) if job.work_dir else None
+    peaks = {"start": _peak_rss()}
     with tempfile.TemporaryDirectory(prefix=f"gpulens-rank-{a.rank}-", dir=job.work_dir) as work:
-        _map(job, Path(work), out, seconds, log)
+        _map(job, Path(work), out, seconds, peaks, log)
     _release_memory()
-    out["worker"] = {"host": socket.gethostname(), "pid": os.getpid(),
-                     "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    # the process's peak so far (a worker that ran a bigger rank before keeps that peak), and after each stage
+    out["worker"] = {"host": socket.gethostname(), "pid": os.getpid(), "peak_rss_bytes": _peak_rss(),
+                     "peak_rss_after": peaks}
     schemas.validate("rank_summary", out)
     _publish(job, out, log)
     return out
 
 
-def _map(job: RankJob, work: Path, out: dict[str, Any], seconds: dict[str, float], log: EventLogger) -> None:
+def _peak_rss() -> int:
+    """This worker process's peak RSS so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _map(job: RankJob, work: Path, out: dict[str, Any], seconds: dict[str, float], peaks: dict[str, int],
+         log: EventLogger) -> None:
     a = job.artifact
     t0 = time.monotonic()
     local = work / "fetched.trace"
@@ -94,6 +102,7 @@ def _map(job: RankJob, work: Path, out: dict[str, Any], seconds: dict[str, float
         out.update(reason=Exclusion.FETCH_FAILED.value, detail=str(exc)[:500])
         return
     seconds["fetch"] = round(time.monotonic() - t0, 3)
+    peaks["fetch"] = _peak_rss()
     log.info("artifact.fetched", bytes=local.stat().st_size)
 
     t0 = time.monotonic()
@@ -101,6 +110,7 @@ def _map(job: RankJob, work: Path, out: dict[str, Any], seconds: dict[str, float
     inspected = inspect_trace(InspectJob(a.rank, a.target_id, str(local), a.sha256, a.size, str(work / "hta"),
                                          job.max_trace_bytes))
     seconds["inspect"] = round(time.monotonic() - t0, 3)
+    peaks["inspect"] = _peak_rss()
     if inspected.facts is not None:
         out["facts"] = asdict(inspected.facts)
     if inspected.exclusion is not None:
@@ -122,11 +132,13 @@ def _map(job: RankJob, work: Path, out: dict[str, Any], seconds: dict[str, float
         out.update(reason=Exclusion.HTA_PARSE_FAILED.value, detail=error)
         return
     seconds["load"] = round(time.monotonic() - t0, 3)
+    peaks["load"] = _peak_rss()
     out.update(status="analysed", min_ts=int(trace.min_ts))
 
     t0 = time.monotonic()
     _analyse(trace, job, out, log)
     seconds["analyse"] = round(time.monotonic() - t0, 3)
+    peaks["analyse"] = _peak_rss()
 
 
 def _analyse(trace, job: RankJob, out: dict[str, Any], log: EventLogger) -> None:
