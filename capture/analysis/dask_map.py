@@ -27,7 +27,7 @@ __all__ = ["ClusterPlan", "plan_cluster", "dask_client", "map_ranks", "RETRIES",
 
 RETRIES = 1                     # a lost worker's rank is tried once more on another worker
 WORKER_BASE_BYTES = 768 << 20   # an idle worker with pandas and HTA imported, and headroom
-#: peak worker bytes per byte of trace JSON: measured 1.5 GiB for one 28.7 MB rank of real (replicated)
+#: peak worker bytes per byte of trace JSON: measured 1.5-1.7 GiB for one ~29 MiB rank of real (replicated)
 #: GPU+NCCL events through inspection, HTA's load and the nine analyses (BENCHMARKS.md, "Analysis at
 #: scale"); HTA's analyses copy the frame. Small traces stay near the base.
 JSON_FACTOR = 50
