@@ -35,7 +35,7 @@ tr.missing td.status{color:#c62828;font-weight:600}tr.missing,tr.excluded{backgr
 .badge{font-size:12px;padding:1px 8px;border-radius:10px;margin-left:8px;vertical-align:middle}
 .ok{background:#dff3e4;color:#1a7f37}.not_applicable{background:#eee;color:#555}.failed{background:#fde2e1;color:#c62828}
 .analysed{background:#dff3e4;color:#1a7f37}.nothing_analysed{background:#fde2e1;color:#c62828}
-section.analysis{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
+section.analysis,section.cross-rank{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
 p.reason{color:#555}.detail{color:#666;font-size:12px;max-width:480px}
 section.verdict{background:#fff;color:#222;border:2px solid #bbb;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
 section.verdict.supported{border-color:#1a7f37}section.verdict.not_supported{border-color:#b35900}
@@ -221,7 +221,7 @@ def _cross_rank(summary: dict) -> str:
     if not x:
         return ""
     status = x["status"]
-    parts = [f'<section class="analysis" id="cross-rank"><h2>Stragglers across ranks'
+    parts = [f'<section class="cross-rank" id="cross-rank"><h2>Stragglers across ranks'
              f'<span class="badge {escape(status)}">{escape(status.replace("_", " "))}</span></h2>',
              f'<p class="why">{escape(x["why"])}</p>']
     for s in x["stragglers"]:

@@ -191,8 +191,10 @@ def test_workers_are_sized_from_the_largest_trace(monkeypatch):
     p = plan_cluster([_A(10 << 20), _A(300 << 20)], jobs=4, scheduler=None, memory_limit=None)
     assert p.workers == 2  # no more workers than ranks
     assert p.memory_limit == WORKER_BASE_BYTES + JSON_FACTOR * (300 << 20)
-    gz = plan_cluster([_A(100 << 20, "file:///x/rank.json.gz")], jobs=1, scheduler=None, memory_limit=None)
-    assert gz.memory_limit == WORKER_BASE_BYTES + JSON_FACTOR * GZIP_EXPANSION * (100 << 20)  # opened by suffix
+    gz = plan_cluster([_A(10 << 20, "file:///x/rank.json.gz")], jobs=1, scheduler=None, memory_limit=None)
+    assert gz.memory_limit == WORKER_BASE_BYTES + JSON_FACTOR * GZIP_EXPANSION * (10 << 20)  # opened by suffix
+    huge = plan_cluster([_A(4 << 30)], jobs=1, scheduler=None, memory_limit=None)
+    assert huge.memory_limit == int((64 << 30) * 0.9) and "capped" in huge.why  # never more than the machine
     tiny = plan_cluster([_A(1 << 10)], jobs=1, scheduler=None, memory_limit=None)
     assert tiny.memory_limit == MIN_WORKER_BYTES
 
