@@ -16,6 +16,20 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_NOTHING_ANALYSED = 0, 1, 2, 3
+MAX_JOBS = 64
+_MIN_WORKER_MEMORY = 256 << 20
+
+
+def _parse_bytes(text: str) -> int:
+    """`4GiB`, `512MB`, `1e9` -> bytes (Dask's own parser), refusing what no worker could run in."""
+    from dask.utils import parse_bytes
+    try:
+        value = int(parse_bytes(text))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a size: {text!r}") from exc
+    if value < _MIN_WORKER_MEMORY:
+        raise ValueError(f"{text!r} is below {_MIN_WORKER_MEMORY >> 20} MiB: no worker could import HTA in it")
+    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +41,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s3-endpoint", default=os.environ.get("GPULENS_S3_ENDPOINT"), metavar="URL",
                         help="S3-compatible endpoint for s3:// URIs (credentials: the usual AWS_* variables)")
     parser.add_argument("--jobs", type=int, default=2, metavar="N",
-                        help="traces parsed at once (1-8, default 2); each needs ~5x its uncompressed size in memory")
+                        help="workers of the local Dask cluster, i.e. ranks analysed at once (1-64, default 2); "
+                             "each holds one trace: up to ~50x its uncompressed JSON at peak")
+    parser.add_argument("--scheduler", default=os.environ.get("GPULENS_DASK_SCHEDULER") or None, metavar="URL",
+                        help="tcp://host:port of an existing Dask cluster to run the per-rank work on (default: "
+                             "start a local cluster of --jobs workers); its workers must reach the archive")
+    parser.add_argument("--worker-memory", default=None, metavar="BYTES",
+                        help="memory limit per local worker, e.g. 4GiB (default: sized from the largest trace); "
+                             "a rank whose worker crosses it is retried once, then reported unanalysable")
     parser.add_argument("--work-dir", type=Path, default=None, metavar="DIR",
                         help="where to put the temporary local copies of the traces (default: the system temp dir)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -41,17 +62,29 @@ def run(args: argparse.Namespace) -> int:
     from .manifest_reading import ManifestRefused
 
     log = get_logger("analysis")
-    if not 1 <= args.jobs <= 8:
-        print(f"gpulens analyze: --jobs must be between 1 and 8, not {args.jobs}", file=sys.stderr)
+    if not 1 <= args.jobs <= MAX_JOBS:
+        print(f"gpulens analyze: --jobs must be between 1 and {MAX_JOBS}, not {args.jobs}", file=sys.stderr)
         return EXIT_REFUSED
-    options = AnalyzeOptions(out_dir=args.out, s3_endpoint=args.s3_endpoint, jobs=args.jobs, work_dir=args.work_dir)
+    if args.scheduler and not args.scheduler.startswith(("tcp://", "tls://")):
+        print(f"gpulens analyze: --scheduler must be tcp://host:port or tls://host:port, not {args.scheduler!r}",
+              file=sys.stderr)
+        return EXIT_REFUSED
+    worker_memory = None
+    if args.worker_memory is not None:
+        try:
+            worker_memory = _parse_bytes(args.worker_memory)
+        except ValueError as exc:
+            print(f"gpulens analyze: --worker-memory: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+    options = AnalyzeOptions(out_dir=args.out, s3_endpoint=args.s3_endpoint, jobs=args.jobs, work_dir=args.work_dir,
+                             scheduler=args.scheduler, worker_memory=worker_memory)
     try:
         result = analyze_manifest(args.manifest_uri, options, log=log)
     except ManifestRefused as exc:
         log.error("manifest.refused", uri=args.manifest_uri, reason=exc.code, detail=str(exc))
         print(f"gpulens analyze: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except (ArchiveError, OSError) as exc:  # the archive (or --out) refused the outputs, or no temp space
+    except (ArchiveError, OSError) as exc:  # the archive (or --out) refused the outputs, no temp space, no scheduler
         log.error("analysis.write_failed", uri=args.manifest_uri, error=str(exc))
         print(f"gpulens analyze: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hta.common.trace import Trace
 
-__all__ = ["TraceContents", "describe"]
+__all__ = ["TraceContents", "describe", "combine_contents"]
 
 _COMM = re.compile(r"^nccl.*Kernel")
 
@@ -36,6 +36,26 @@ class TraceContents:
     @property
     def cpu_only_ranks(self) -> tuple[int, ...]:
         return tuple(r for r in self.ranks if r not in self.gpu_ranks)
+
+    def to_dict(self) -> dict:
+        return {"ranks": list(self.ranks), "gpu_ranks": list(self.gpu_ranks), "comm_ranks": list(self.comm_ranks),
+                "legacy_nccl_names": self.legacy_nccl_names, "profiler_steps": list(self.profiler_steps),
+                "cpu_op_ranks": list(self.cpu_op_ranks), "annotation_ranks": list(self.annotation_ranks)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TraceContents":
+        return cls(**{k: (v if k == "legacy_nccl_names" else tuple(v)) for k, v in d.items()})
+
+
+def combine_contents(parts: list[TraceContents]) -> TraceContents:
+    """What all these ranks hold together: as `describe` says of one HTA trace loaded with all of
+    them (profiler steps: the union, as HTA's `get_profiler_steps` takes unique steps over ranks)."""
+    def ranks(attr: str) -> tuple[int, ...]:
+        return tuple(sorted(r for p in parts for r in getattr(p, attr)))
+    return TraceContents(ranks=ranks("ranks"), gpu_ranks=ranks("gpu_ranks"), comm_ranks=ranks("comm_ranks"),
+                         legacy_nccl_names=any(p.legacy_nccl_names for p in parts),
+                         profiler_steps=tuple(sorted({s for p in parts for s in p.profiler_steps})),
+                         cpu_op_ranks=ranks("cpu_op_ranks"), annotation_ranks=ranks("annotation_ranks"))
 
 
 def describe(trace: "Trace") -> TraceContents:

@@ -260,5 +260,5 @@ def _profile(cpu: "pd.DataFrame", df: "pd.DataFrame", names: list[str], cats: _C
                 continue
             rows.append({"kind": kind, "name": name, "calls": num(r["count"] / units),
                          "us": num(r["sum"] / units)})
-    rows.sort(key=lambda r: -(r["us"] or 0))
+    rows.sort(key=lambda r: (-(r["us"] or 0), r["kind"], r["name"]))  # ties: one order whatever the symbol ids
     return rows[:PROFILE_LIMIT]

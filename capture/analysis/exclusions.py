@@ -16,4 +16,5 @@ class Exclusion(str, Enum):
     CLOCK_MISMATCH = "clock_mismatch"        # not on the clock base of the other ranks: not the same job/window
     OUTSIDE_WINDOW = "outside_window"        # the trace's time span is not inside the capture's window
     WORLD_SIZE_MISMATCH = "world_size_mismatch"  # distributedInfo.world_size differs from the other ranks'
-    HTA_PARSE_FAILED = "hta_parse_failed"    # passed our checks, but HTA's parser raised or its worker died
+    HTA_PARSE_FAILED = "hta_parse_failed"    # passed our checks, but HTA's parser raised
+    UNANALYSABLE = "unanalysable"            # the worker analysing it died on every try (memory limit, pod deleted)

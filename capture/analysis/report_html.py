@@ -35,7 +35,7 @@ tr.missing td.status{color:#c62828;font-weight:600}tr.missing,tr.excluded{backgr
 .badge{font-size:12px;padding:1px 8px;border-radius:10px;margin-left:8px;vertical-align:middle}
 .ok{background:#dff3e4;color:#1a7f37}.not_applicable{background:#eee;color:#555}.failed{background:#fde2e1;color:#c62828}
 .analysed{background:#dff3e4;color:#1a7f37}.nothing_analysed{background:#fde2e1;color:#c62828}
-section.analysis{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
+section.analysis,section.cross-rank{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
 p.reason{color:#555}.detail{color:#666;font-size:12px;max-width:480px}
 section.verdict{background:#fff;color:#222;border:2px solid #bbb;border-radius:6px;padding:4px 16px 12px;margin:16px 0}
 section.verdict.supported{border-color:#1a7f37}section.verdict.not_supported{border-color:#b35900}
@@ -234,6 +234,38 @@ def _verdict(summary: dict) -> str:
     return "".join(parts)
 
 
+def _cross_rank(summary: dict) -> str:
+    """Stragglers across ranks: who holds the others back, by how much, how often, and what differs."""
+    x = summary.get("cross_rank")
+    if not x:
+        return ""
+    status = x["status"]
+    parts = [f'<section class="cross-rank" id="cross-rank"><h2>Stragglers across ranks'
+             f'<span class="badge {escape(status)}">{escape(status.replace("_", " "))}</span></h2>',
+             f'<p class="why">{escape(x["why"])}</p>']
+    for s in x["stragglers"]:
+        how = "consistently" if s["consistent"] else "not consistently"
+        parts.append(f'<h3>rank {s["rank"]}: {escape(_ms_text(s["more_us_per_step"]))} more own work per step '
+                     f'({s["more_pct_of_step"] or 0:.0f} % of a step), slow in {s["slow_iterations"]} of '
+                     f'{s["of_iterations"]} iterations ({how})</h3>')
+        if s["differs"]:
+            parts.append(_table(s["differs"], [("what differs", "what"), ("µs per step", "us_per_step"),
+                                               ("other ranks' median µs", "others_median_us"), ("+µs", "delta_us")]))
+    if x["per_rank"]:
+        parts.append(_table(x["per_rank"], [("rank", "rank"), ("step median µs", "step_median_us"),
+                                            ("own work median µs", "own_work_median_us"),
+                                            ("in collectives median µs", "collective_median_us"),
+                                            ("more than the others µs", "more_than_others_us")]))
+        parts.append('<p class="reason">Own work: step time minus time inside collectives (in a synchronous job '
+                     'the other ranks wait for a straggler there, so step times alone look alike).</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _ms_text(us: float | None) -> str:
+    return "—" if us is None else f"{us / 1000:.2f} ms"
+
+
 def render_report(summary: dict[str, Any]) -> str:
     c = summary["capture"]
     title = f"gpulens capture {c['capture_id']} · {c['job_id']}"
@@ -249,7 +281,7 @@ def render_report(summary: dict[str, Any]) -> str:
         "<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
         f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"
         f"<header><h1>{escape(title)}<span class=\"badge {escape(status)}\">{escape(status.replace('_', ' '))}</span></h1>"
-        f"{_identity(summary)}</header><main>{_verdict(summary)}<h2>Ranks</h2>{_ranks(summary)}{analyses}</main>"
+        f"{_identity(summary)}</header><main>{_verdict(summary)}<h2>Ranks</h2>{_ranks(summary)}{_cross_rank(summary)}{analyses}</main>"
         f"<footer><p class=\"reason\">Generated {escape(_when(summary['generated_at']))} by gpulens "
         f"{escape(summary['tool']['gpulens'])} with HolisticTraceAnalysis {escape(summary['tool']['hta'])}. "
         f"Machine-readable: {escape(summary['outputs']['summary_uri'])}</p></footer></body></html>\n")

@@ -41,7 +41,7 @@ def run_analyses(ta: Any, contents: TraceContents, analyses: Iterable[Analysis],
     out = []
     for i, analysis in enumerate(analyses, 1):
         progress = f"{i}/{len(analyses)}"
-        reason = analysis.applies(contents)
+        reason = analysis.applies_to_rank(contents)
         if reason is not None:
             log.info("analysis.not_applicable", analysis=analysis.name, progress=progress, reason=reason)
             out.append(AnalysisResult(analysis.name, analysis.title, NOT_APPLICABLE, reason))

@@ -21,7 +21,10 @@ from .manifest_reading import ManifestInput
 from .rank_selection import RankEntry, RankPlan
 from .running import OK, AnalysisResult
 
-__all__ = ["Evidence", "build_summary", "summary_json", "analysed_something"]
+__all__ = ["Evidence", "build_summary", "summary_json", "analysed_something", "SCHEMA_VERSION"]
+
+#: 2: adds `cross_rank` (stragglers across ranks) and the `unanalysable` exclusion; 1 is still read (baselines)
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,8 @@ def _verdict(reason: dict | None, contents: TraceContents | None, evidence: Evid
 
 def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents | None,
                   results: list[AnalysisResult], hta_version: str, summary_uri: str, report_uri: str, *,
-                  evidence: Evidence | None = None, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+                  evidence: Evidence | None = None, baseline: dict[str, Any] | None = None,
+                  cross_rank: dict[str, Any] | None = None) -> dict[str, Any]:
     m = source.manifest
     capture: dict[str, Any] = {"capture_id": m.capture_id, "job_id": m.job_id, "attempt": m.attempt,
                                "manifest_uri": source.uri, "requested_at": m.requested_at,
@@ -113,7 +117,7 @@ def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents
         capture["reason"] = m.request["reason"]
     capture["baseline"] = m.request.get("baseline") is True
     summary = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "status": "analysed" if analysed_something(results) else "nothing_analysed",
         "capture": capture,
         "generated_at": time.time(),
@@ -130,6 +134,8 @@ def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents
                      "error": evidence.error if evidence is not None else None},
         "outputs": {"summary_uri": summary_uri, "report_uri": report_uri},
     }
+    if cross_rank is not None:
+        summary["cross_rank"] = cross_rank
     return schemas.validate("summary", summary)
 
 

@@ -18,7 +18,7 @@ from referencing import Registry, Resource
 
 __all__ = ["SCHEMA_NAMES", "SchemaError", "load", "validate", "errors"]
 
-SCHEMA_NAMES = ("registration", "capture_request", "dispatch", "target_status", "manifest", "summary")
+SCHEMA_NAMES = ("registration", "capture_request", "dispatch", "target_status", "manifest", "summary", "rank_summary")
 _BASE = "https://gpulens.dev/schemas/"
 
 

@@ -32,7 +32,7 @@ class Capture:
     manifest: Manifest
 
     def trace(self, target_id: str) -> Path:
-        return next((self.dir / "traces").glob(f"{target_id}.*"))
+        return next((self.dir / "traces").glob(f"{target_id}.json*"))  # not its .analysis.json
 
     def summary(self) -> dict:
         return json.loads((self.dir / "analysis" / "summary.json").read_text())
@@ -142,6 +142,28 @@ def torch_traces(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("torch-traces")
     procs = [subprocess.Popen([sys.executable, str(HERE / "torch_traces.py"), str(out), str(r)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err.decode()[-2000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+DDP_WORLD, DDP_SLOW_RANK = 4, 2
+
+
+@pytest.fixture(scope="session")
+def ddp_traces(tmp_path_factory) -> Path:
+    """Real traces of a 4-rank DDP (gloo) torch job whose rank 2 has a slow input pipeline (ddp_traces.py)."""
+    out = tmp_path_factory.mktemp("ddp-traces")
+    procs = [subprocess.Popen([sys.executable, str(HERE / "ddp_traces.py"), str(out), str(r), str(DDP_WORLD),
+                               str(DDP_SLOW_RANK)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for r in range(DDP_WORLD)]
     try:
         for p in procs:
             _, err = p.communicate(timeout=300)

@@ -34,8 +34,8 @@ def test_happy_path_prints_only_the_report_uri(builder, trace_filter):
     lines = out.stderr.strip().splitlines()
     assert lines and all(LOGFMT.match(line) for line in lines), [l for l in lines if not LOGFMT.match(l)][:3]
     events = [re.search(r"event=(\S+)", l).group(1) for l in lines]
-    for step in ("manifest.read", "artifact.fetched", "artifact.verified", "traces.parsed", "traces.loaded",
-                 "analysis.started", "analysis.finished", "analysis.written"):
+    for step in ("manifest.read", "dask.started", "artifact.fetched", "artifact.verified", "trace.loaded",
+                 "analysis.started", "analysis.finished", "rank_summary.written", "rank.mapped", "analysis.written"):
         assert step in events, step
     assert "progress=2/2" in out.stderr and "capture_id=c-test" in out.stderr
     assert json.loads((capture.dir / "analysis" / "summary.json").read_text())["status"] == "analysed"
@@ -72,7 +72,7 @@ def test_manifest_without_artifacts_exits_2(builder):
 
 @pytest.mark.parametrize("args,needle", [
     (["http://example.invalid/manifest.json"], "must be file:///"),
-    (["--jobs", "0", "file:///nonexistent/manifest.json"], "--jobs must be between 1 and 8"),
+    (["--jobs", "0", "file:///nonexistent/manifest.json"], "--jobs must be between 1 and 64"),
     ([], "required"),
 ])
 def test_bad_arguments_exit_2(args, needle):

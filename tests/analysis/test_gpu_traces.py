@@ -149,7 +149,9 @@ def test_archived_bytes_are_untouched(gpu_run):
     for a in capture.manifest.artifacts:
         data = capture.trace(a.target_id).read_bytes()
         assert hashlib.sha256(data).hexdigest() == a.sha256
-    assert sorted(p.name for p in (capture.dir / "traces").iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
+    # beside each trace, only its per-rank summary (the map's output) was added
+    assert sorted(p.name for p in (capture.dir / "traces").iterdir()) == [
+        "rank-0.analysis.json", "rank-0.json.gz", "rank-1.analysis.json", "rank-1.json.gz"]
 
 
 def test_stragglers_with_new_nccl_kernel_names(builder, trace_filter, tmp_path):

@@ -152,8 +152,10 @@ def test_out_dir_leaves_the_archive_alone(builder, trace_filter, tmp_path):
     out = tmp_path / "local"
     run = analyze_manifest(capture.manifest_uri, AnalyzeOptions(out_dir=out))
     assert run.report_uri == (out / "report.html").resolve().as_uri()
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["ranks", "report.html", "summary.json"]
+    assert [p.name for p in (out / "ranks").iterdir()] == ["rank-0-00000.analysis.json"]
     assert not (capture.dir / "analysis").exists()
+    assert sorted(p.name for p in (capture.dir / "traces").iterdir()) == ["rank-0.json.gz"]  # nothing added
     assert json.loads((out / "summary.json").read_text())["outputs"]["report_uri"] == run.report_uri
 
 

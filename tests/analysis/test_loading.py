@@ -1,12 +1,11 @@
-"""Staging for HTA (rank written into a copy) and bounded parse parallelism, tested at the mechanism."""
+"""Staging for HTA (rank written into a copy) and bounded parallelism (Dask workers), tested at the mechanism."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import gzip
 import hashlib
 import json
-import multiprocessing.pool
+import os
 
 import pytest
 
@@ -55,78 +54,17 @@ def test_size_alone_is_not_trusted(trace_filter, tmp_path):
     assert not list((tmp_path / "stage").iterdir())  # nothing staged for HTA
 
 
-def test_parsing_parallelism_is_bounded_even_on_a_big_machine(builder, trace_filter, tmp_path, monkeypatch):
-    """HTA would fork min(cpu_count, ranks) parsers; pretend there are 16 CPUs and record every pool."""
-    import hta.common.trace as hta_trace
-
-    monkeypatch.setattr(hta_trace.mp, "cpu_count", lambda: 16)
-    hta_pools, executors = [], []
-    real_pool_init = multiprocessing.pool.Pool.__init__
-    real_executor_init = concurrent.futures.ProcessPoolExecutor.__init__
-
-    def recording_pool_init(self, processes=None, *args, **kwargs):
-        hta_pools.append(processes)
-        real_pool_init(self, processes, *args, **kwargs)
-
-    def recording_executor_init(self, max_workers=None, *args, **kwargs):
-        executors.append(max_workers)
-        real_executor_init(self, max_workers, *args, **kwargs)
-
-    monkeypatch.setattr(multiprocessing.pool.Pool, "__init__", recording_pool_init)
-    monkeypatch.setattr(concurrent.futures.ProcessPoolExecutor, "__init__", recording_executor_init)
+def test_ranks_run_on_at_most_jobs_workers_one_rank_at_a_time(builder, trace_filter):
+    """5 ranks, --jobs 2: two Dask worker processes share them (never one process per rank, never
+    HTA's CPU-count-wide pool: each worker parses the one rank it holds in its own process)."""
     b = builder()
     for r in range(5):
         doc = json.loads(gzip.decompress(trace_filter[r % 2].read_bytes()))
         doc["distributedInfo"]["rank"] = r
         b.add(r, gzip.compress(json.dumps(doc).encode()), file_name=f"rank-{r}.json.gz")
-    run = analyze_manifest(b.write().manifest_uri, AnalyzeOptions(jobs=2))
+    capture = b.write()
+    run = analyze_manifest(capture.manifest_uri, AnalyzeOptions(jobs=2))
     assert run.summary["counts"]["analysed"] == 5
-    assert hta_pools == []           # HTA's own CPU-count-wide pool is never used
-    assert executors == [2, 2]       # inspection, then parsing: --jobs workers each, for 5 ranks
-
-
-def test_a_worker_killed_while_parsing_costs_only_its_rank(builder, trace_filter, monkeypatch):
-    """As if the OOM killer took the worker parsing rank 1: the pool breaks, nothing hangs."""
-    import os
-    import signal
-
-    from capture.analysis import trace_inspection
-
-    real = trace_inspection._facts
-
-    def dies_on_rank_1(data, compressed):
-        if b'"rank": 1' in bytes(data[:4096]):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(data, compressed)
-
-    monkeypatch.setattr(trace_inspection, "_facts", dies_on_rank_1)  # inherited by the forked workers
-    capture = builder().add(0, trace_filter[0]).add(1, trace_filter[1]).write()
-    run = analyze_manifest(capture.manifest_uri, AnalyzeOptions(jobs=2))
-    status = {r["rank"]: (r["status"], r["reason"], r["detail"]) for r in run.summary["ranks"]}
-    assert status[0][:2] == ("analysed", None)
-    assert status[1][:2] == ("excluded", "unreadable") and "worker inspecting this trace died" in status[1][2]
-    assert run.analysed
-
-
-def test_a_parser_killed_in_hta_costs_only_its_rank(builder, trace_filter, monkeypatch):
-    """The same for HTA's parse step: the rank is excluded as hta_parse_failed, the rest analysed."""
-    import os
-    import signal
-
-    import hta.common.trace as hta_trace
-
-    real = hta_trace.parse_trace_file
-
-    def dies_on_rank_1(path, cfg=None):
-        if path.endswith("rank-1.json.gz"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(path, cfg)
-
-    monkeypatch.setattr(hta_trace, "parse_trace_file", dies_on_rank_1)
-    capture = builder().add(0, trace_filter[0]).add(1, trace_filter[1]).write()
-    run = analyze_manifest(capture.manifest_uri, AnalyzeOptions(jobs=2))
-    status = {r["rank"]: (r["status"], r["reason"], r["detail"]) for r in run.summary["ranks"]}
-    assert status[0][:2] == ("analysed", None)
-    assert status[1][:2] == ("excluded", "hta_parse_failed") and "died" in status[1][2]
-    assert run.summary["counts"]["analysed"] == 1 and run.analysed
-    assert [r["rank"] for r in run.summary["analyses"]["temporal_breakdown"]["result"]["per_rank"]] == [0]
+    docs = [json.loads((capture.dir / "traces" / f"rank-{r}.analysis.json").read_text()) for r in range(5)]
+    pids = {d["worker"]["pid"] for d in docs}
+    assert 1 <= len(pids) <= 2 and os.getpid() not in pids  # never the driver itself

@@ -63,3 +63,28 @@ def test_nan_never_reaches_the_file():
     doc["analyses"]["comm_comp_overlap"]["result"]["per_rank"][0]["overlap_pct"] = float("nan")
     with pytest.raises(ValueError):
         summary_json(doc)
+
+
+def test_version_2_adds_the_cross_rank_section_and_version_1_still_reads():
+    doc = _minimal()
+    schemas.validate("summary", doc)  # a version-1 summary (an older baseline) stays valid
+    doc.update(schema_version=2, cross_rank={"status": "ok", "why": "rank 1 ...", "iterations": [1, 2], "per_rank": [],
+                                             "stragglers": [{"rank": 1, "more_us_per_step": 5.0, "more_pct_of_step": 50.0,
+                                                             "slow_iterations": 2, "of_iterations": 2,
+                                                             "consistent": True, "differs": []}]})
+    schemas.validate("summary", doc)
+    for bad in ({"schema_version": 3}, {"cross_rank": {"status": "maybe", "why": "x", "iterations": [], "per_rank": [],
+                                                       "stragglers": []}}):
+        with pytest.raises(schemas.SchemaError):
+            schemas.validate("summary", {**doc, **bad})
+
+
+def test_rank_summary_schema_refuses_what_the_reduce_could_misread():
+    doc = {"schema_version": 1, "rank": 0, "target_id": "rank-0", "artifact_uri": "file:///a/t.json", "sha256": "0" * 64,
+           "status": "excluded", "reason": "checksum_mismatch", "detail": "x", "facts": None, "contents": None,
+           "analyses": {}, "evidence": {"rank": None, "error": None}, "tool": {"gpulens": "0", "hta": None},
+           "seconds": {}}
+    schemas.validate("rank_summary", doc)
+    for bad in ({"status": "lost"}, {"rank": -1}, {"analyses": {"x": {"status": "ok"}}}, {"surprise": 1}):
+        with pytest.raises(schemas.SchemaError):
+            schemas.validate("rank_summary", {**doc, **bad})

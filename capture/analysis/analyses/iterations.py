@@ -27,4 +27,10 @@ def run(ta, contents):
     return {"per_rank": per_rank, "steps": steps, "slowest_rank": slowest}
 
 
-ANALYSIS = Analysis("iteration_times", "Iteration (ProfilerStep) times", applies, run)
+def merge(results, contents):
+    per_rank = [r for res in results for r in res["per_rank"]]
+    slowest = max(per_rank, key=lambda r: r["mean_us"] or 0)["rank"] if per_rank else None
+    return {"per_rank": per_rank, "steps": [s for res in results for s in res["steps"]], "slowest_rank": slowest}
+
+
+ANALYSIS = Analysis("iteration_times", "Iteration (ProfilerStep) times", applies, run, merge)

@@ -20,4 +20,16 @@ def run(ta, contents):
     }
 
 
-ANALYSIS = Analysis("kernel_breakdown", "GPU kernel breakdown", needs_gpu, run)
+def merge(results, contents):
+    """HTA's type totals are sums over ranks with a percentage of the whole: recomputed from the ranks'."""
+    totals: dict[str, float] = {}
+    for r in results:
+        for t in r["by_type"]:
+            totals[t["kernel_type"]] = totals.get(t["kernel_type"], 0.0) + (t["total_us"] or 0.0)
+    whole = sum(totals.values())
+    by_type = [{"kernel_type": k, "total_us": num(v), "pct": num(round(100.0 * v / whole, 1)) if whole else None}
+               for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
+    return {"by_type": by_type, "top_kernels": [k for r in results for k in r["top_kernels"]]}
+
+
+ANALYSIS = Analysis("kernel_breakdown", "GPU kernel breakdown", needs_gpu, run, merge)
