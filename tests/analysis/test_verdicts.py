@@ -255,3 +255,24 @@ def test_incident_reports_compare_with_the_jobs_latest_baseline(builder, inciden
     pointer.write_text("{not json")
     lone = analysed(builder, incident_traces["host_sync"], "host_sync", "c-lone")
     assert lone["verdict"]["baseline"] is None and lone["verdict"]["verdict"] == "supported"
+
+
+def test_a_loop_without_torch_profiler_is_aligned_by_the_hooks_step_numbers(builder, incident_traces):
+    """Issue 31 (item 6) and 34: a plain loop has no ProfilerStep#N; the agent numbers the traced
+    optimizer steps from the hook's counter, one start for every rank. Equal numbers are aligned,
+    also when Kineto collected a step past the window on one rank (`collected_last`)."""
+    counted = {"requested": 5, "roundup": 1, "start": 579, "numbering": "optimizer_step", "first": 581, "last": 585,
+               "collected_last": 585, "optimizer_steps": 5, "stepped": True}
+    same = _iteration_capture(builder, incident_traces["none"], "c-it-counted", {})  # markers: the old numbering
+    assert same["iterations"]["aligned"]
+    from dataclasses import replace
+    b = builder(capture_id="c-it-plain-loop")
+    b.request = {"iterations": 5, "reason": {"kind": "manual"}}
+    b.add(0, incident_traces["none"]).add(1, incident_traces["none"])
+    b.artifacts = [replace(b.artifacts[0], iterations=counted),
+                   replace(b.artifacts[1], iterations={**counted, "collected_last": 587})]
+    summary = analyze_manifest(b.write().manifest_uri).summary
+    schemas.validate("summary", summary)
+    it = summary["iterations"]
+    assert it["aligned"] and (it["first"], it["last"], it["roundup"]) == (581, 585, 1), it
+    assert it["why"] == "every rank traced iterations 581..585"
