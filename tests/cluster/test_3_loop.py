@@ -65,9 +65,11 @@ def _series(name: str) -> list[tuple[dict, float]]:
 
 def test_exporter_series_carry_the_trainers_pod_container_and_job(trainer):
     ns, pod = trainer
-    mine = wait_until("launch series for the trainer", lambda: [
-        (lbl, v) for lbl, v in _series("gpulens_kernel_launches_total") if lbl.get("namespace") == ns and v > 0], 180, 1)
-    assert len(mine) == 1, mine                                 # two workers, one container: one series
+    # two workers in one container: one series per worker (issue 29), told apart by `rank`
+    mine = wait_until("a launch series for each of the trainer's two workers", lambda: (lambda m: m if len(m) >= 2 else None)(
+        [(lbl, v) for lbl, v in _series("gpulens_kernel_launches_total") if lbl.get("namespace") == ns and v > 0]), 180, 1)
+    assert sorted(lbl.get("rank") for lbl, _ in mine) == ["0", "1"], mine
+    assert len({tuple(sorted((k, v) for k, v in lbl.items() if k != "rank")) for lbl, _ in mine}) == 1, mine
     labels, _ = mine[0]
     assert labels["pod"] == pod.metadata.name
     assert labels["container"] == "trainer"

@@ -91,9 +91,9 @@ def test_prometheus_discovers_the_daemonset_pod_through_the_api_and_scrapes_it(m
 
 
 def test_the_trainers_series_in_prometheus_carry_its_namespace_pod_container_and_job(trainer, monitoring):
-    series = wait_until("the trainer's launch series in Prometheus", lambda: _query(
-        monitoring, f'gpulens_kernel_launches_total{{namespace="{trainer.namespace}"}}'), 180, 2)
-    assert len(series) == 1, series
+    series = wait_until("the trainer's launch series in Prometheus, one per worker", lambda: (lambda s: s if len(s) >= 2 else None)(
+        _query(monitoring, f'gpulens_kernel_launches_total{{namespace="{trainer.namespace}"}}')), 180, 2)
+    assert sorted(s["metric"].get("rank") for s in series) == ["0", "1"], series   # issue 29: per worker
     labels = series[0]["metric"]
     assert labels["pod"] == trainer.pod and labels["container"] == "trainer"
     assert labels["gpulens_job"] == JOB and labels["gpulens_workload"] == WORKLOAD
