@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import gzip
 import json
 import os
 import shutil
@@ -165,7 +166,8 @@ async def test_agent_in_container_captures_a_trainer_in_another_container(image,
             data = Path(art.uri.removeprefix("file://")).read_bytes()
             assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size
             assert (art.rank, art.pid) == (r["global_rank"], r["pid"])
-            trace = json.loads(data)
+            assert art.uri.endswith(".json.gz")            # stored compressed, checksum of the stored bytes
+            trace = json.loads(gzip.decompress(data))
             assert {e["pid"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"} == {r["pid"]}
     finally:
         shutil.rmtree(base, ignore_errors=True)
