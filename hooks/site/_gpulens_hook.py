@@ -112,15 +112,16 @@ class Registrar:
             env.setdefault("LOCAL_WORLD_SIZE", str(world_size))
         rec = build_record(env, pid, self.cmdline, time.time(), identity=identity)
         name = record_filename(rec)
-        steps = self._publish_steps(rec)
-        if steps is not None:
-            rec["steps_file"] = os.path.basename(steps.path)
+        if self._steps_possible():   # named before the write; made only once the record is on disk
+            rec["steps_file"] = steps_filename(rec["pid_namespace"], pid)
         try:
             path = write_atomically(self.registry, name, rec)
         except RegistryWriteError as exc:
             self._warn(f"rank {rec['global_rank']} (pid {pid}) is not registered, so it cannot be captured: {exc}; "
                        f"Kineto daemon mode stays on and training runs on")
             return None
+        if "steps_file" in rec:
+            self._publish_steps(rec)
         mine = self.path if self.pid == pid else None
         if mine and mine != path:
             remove_quietly(mine)                      # our earlier identity (e.g. single_process -> rank 3)
@@ -135,6 +136,12 @@ class Registrar:
             self._atexit = True
         self.signals.install()
         return path
+
+    @staticmethod
+    def _steps_possible() -> bool:
+        profiler = sys.modules.get("torch.autograd.profiler")
+        return (hasattr(getattr(profiler, "KinetoStepTracker", None), "_current_step")
+                and hasattr(sys.modules.get("torch.optim.optimizer"), "register_optimizer_step_post_hook"))
 
     def _publish_steps(self, rec: dict) -> StepPublisher | None:
         """This process's step file and optimizer post-hook, made once per process, only when

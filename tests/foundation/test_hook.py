@@ -33,7 +33,7 @@ def test_arm_sets_kineto_env_and_a_per_pod_job_id(tmp_path):
     registrar = HOOK.arm(env, cmdline=["python", "train.py"], watch=False)
     assert env["KINETO_USE_DAEMON"] == "1"
     assert env["KINETO_IPC_SOCKET_DIR"] == "/run/gl" and env["KINETO_ONDEMAND_TRACE_DIR"] == str(tmp_path)
-    assert list(tmp_path.iterdir()) == []  # nothing registers before the process shows it trains
+    assert [p for p in tmp_path.iterdir() if p.suffix != ".steps"] == []  # nothing registers before the process shows it trains
     registrar.signals.install = lambda: False  # not in the test process
     path = registrar.on_process_group(1, 2) or registrar.path
     rec = RegistrationRecord.load(Path(path))
@@ -44,7 +44,7 @@ def test_arm_sets_kineto_env_and_a_per_pod_job_id(tmp_path):
     HOOK.arm(other, cmdline=["python", "train.py"], watch=False)
     assert other["SLURM_JOB_ID"] != env["SLURM_JOB_ID"]
     registrar.remove()
-    assert list(tmp_path.iterdir()) == []
+    assert [p for p in tmp_path.iterdir() if p.suffix != ".steps"] == []
 
 
 def test_arm_keeps_a_real_slurm_job_id(tmp_path):
@@ -64,7 +64,7 @@ def test_the_process_group_rank_wins_over_the_environment_and_replaces_the_fallb
     registrar.register(identity="single_process")
     assert env[HOOK.FALLBACK_ENV] == registrar.path  # descendants that train retire it
     registrar.on_process_group(3, 4)
-    names = [p.name for p in tmp_path.iterdir()]
+    names = [p.name for p in tmp_path.iterdir() if p.suffix != ".steps"]
     assert len(names) == 1 and "__r3__" in names[0], names  # one record, the group's rank
     rec = json.loads((tmp_path / names[0]).read_text())
     assert (rec["global_rank"], rec["world_size"], rec["identity"]) == (3, 4, "process_group")
@@ -93,7 +93,7 @@ def test_a_descendant_retires_only_a_record_file_in_its_own_registry(tmp_path):
 def test_disabled_hook_does_nothing(tmp_path):
     env = {"GPULENS_HOOK_DISABLE": "1", "GPULENS_REGISTRY_DIR": str(tmp_path)}
     assert HOOK.arm(env, cmdline=["python", "t.py"]) is None
-    assert "KINETO_USE_DAEMON" not in env and list(tmp_path.iterdir()) == []
+    assert "KINETO_USE_DAEMON" not in env and [p for p in tmp_path.iterdir() if p.suffix != ".steps"] == []
 
 
 def test_a_process_that_never_imports_torch_never_registers(tmp_path):
@@ -101,10 +101,10 @@ def test_a_process_that_never_imports_torch_never_registers(tmp_path):
                          env=python_env(GPULENS_REGISTRY_DIR=str(tmp_path), GPULENS_JOB_ID="jx"),
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1" and out.stderr == ""
-    assert list(tmp_path.iterdir()) == []
+    assert [p for p in tmp_path.iterdir() if p.suffix != ".steps"] == []
 
 
-SINGLE = ("import os, glob, json, sys, torch; f = glob.glob(os.environ['GPULENS_REGISTRY_DIR'] + '/*');"
+SINGLE = ("import os, glob, json, sys, torch; f = glob.glob(os.environ['GPULENS_REGISTRY_DIR'] + '/*.json');"
           "print(json.dumps({'files': f, 'pid': os.getpid(), 'daemon': os.environ.get('KINETO_USE_DAEMON')}))")
 
 
@@ -115,7 +115,8 @@ def test_a_single_process_job_registers_once_it_imports_torch_and_is_removed_at_
                                         LOCAL_RANK="1", WORLD_SIZE="8", LOCAL_WORLD_SIZE="4", GPULENS_ATTEMPT="2",
                                         GPULENS_SOCKET_DIR=str(tmp_path)))
     seen = json.loads(out.stdout)
-    assert seen["daemon"] == "1" and len(seen["files"]) == 1  # no temp file beside it
+    assert seen["daemon"] == "1" and len(seen["files"]) == 1  # one record (its step counter is a .steps file)
+    assert not list(tmp_path.glob(".*"))                      # and no temp file beside it
     assert seen["files"][0].endswith(f"__p{seen['pid']}.json")
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".json"] == []  # removed at exit
 

@@ -112,7 +112,7 @@ def test_a_full_registry_then_space_again_registers_a_later_process(tinyfs, fake
                            capture_output=True, text=True, timeout=60)
     assert len(_hook_lines(first.stderr)) == 1
     tinyfs.free()
-    code = "import os, torch; print(sorted(os.listdir(os.environ['GPULENS_REGISTRY_DIR'])))"
+    code = "import os, torch; print(sorted(n for n in os.listdir(os.environ['GPULENS_REGISTRY_DIR']) if not n.endswith('.steps')))"
     second = subprocess.run([sys.executable, "-c", code], env=env_for(tinyfs.path, standin=fake_torch),
                             capture_output=True, text=True, timeout=60, check=True)
     assert _hook_lines(second.stderr) == [] and len(eval(second.stdout)) == 1

@@ -71,7 +71,7 @@ def run_pod(tmp: Path, argv: list[str], ranks: int, **extra: str) -> None:
             time.sleep(0.2)
         workers = {int(p.name.split("-")[2]): int(p.name.split("-")[1]) for p in (tmp / "out").glob("ready-*")}
         assert sorted(workers.values()) == list(range(ranks)), workers
-        records = {p.name: json.loads(p.read_text()) for p in (tmp / "reg").iterdir()}
+        records = {p.name: json.loads(p.read_text()) for p in (tmp / "reg").iterdir() if p.suffix == ".json"}
         by_pid = {r["pid"]: r for r in records.values()}
         assert len(records) == ranks, (workers, sorted(records))          # none for a launcher or runner
         assert sorted(by_pid) == sorted(workers), (workers, sorted(records))
