@@ -428,8 +428,7 @@ class Pipeline:
         assert path is not None
         verdict = await self._run_verifier(rec, path, self._expectation(rec, rec.observed_at))
         rec.verdict = verdict.to_dict()
-        rec.verdict.pop("optimizer_spans", None)   # mapped to step numbers below; not worth keeping on disk
-        rec.verdict.pop("collection", None)
+        rec.verdict.pop("collection", None)      # mapped to step numbers below; not worth keeping on disk
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
         if verdict.stage_error:

@@ -6,8 +6,8 @@ From it the agent learns, without asking the job anything:
 
 - where a rank is now (`latest`) and how fast it steps (`rate`), so the coordinator can choose one
   absolute start iteration far enough ahead for every rank;
-- which optimizer steps a trace holds: each `Optimizer.step#...` span in a trace encloses the
-  post-hook that published its count, so a span's [start, end] names its step (`steps_within`).
+- which optimizer steps a trace holds: those whose work lies inside Kineto's collection span
+  (`steps_during`).
 
 Kineto's iteration number is the count less one (its counter starts at -1 and each `step()`
 increments it first); `KINETO_FIRST_TRACED` says how a start iteration N shows in a trace: the
@@ -82,15 +82,6 @@ class StepLog:
         inside = [s for (p, tp), (s, ts) in zip(zip(self.steps, self.times), zip(self.steps[1:], self.times[1:]))
                   if s == p + 1 and start <= (tp + ts) / 2 <= end]
         return (inside[0], inside[-1]) if inside else None
-
-    def steps_within(self, spans: list[tuple[float, float]]) -> list[int | None]:
-        """For each (start, end) unix-seconds span, the step whose post-hook time lies inside it
-        (the last such step when several do), None when the ring no longer (or never) held one."""
-        out: list[int | None] = []
-        for start, end in spans:
-            i = bisect.bisect_right(self.times, end) - 1
-            out.append(self.steps[i] if i >= 0 and self.times[i] >= start else None)
-        return out
 
 
 def read_steps(path: str | os.PathLike) -> StepLog:

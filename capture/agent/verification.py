@@ -47,7 +47,6 @@ ACTIVITY_CATEGORIES = frozenset(CORE_ACTIVITY_TYPES) | frozenset(NEWER_ACTIVITY_
 _CPU_CATEGORIES = frozenset({"cpu_op", "python_function", "user_annotation", "cpu_instant_event"})
 _CPU_MASK = dict.fromkeys(_CPU_CATEGORIES, True)     # .get is a faster predicate than __contains__
 MAX_PROBLEMS = 12
-MAX_SPANS = 10_000                     # optimizer spans kept (an iteration capture has at most 10,000 steps)
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _CAT_TYPES = frozenset({str, type(None)})
 _NUMBERS = frozenset({int, float})     # exact types: bool is not a timestamp
@@ -80,7 +79,6 @@ class Verdict:
     first_step: int | None = None   # lowest / highest ProfilerStep#N in the trace
     last_step: int | None = None
     optimizer_steps: int = 0        # Optimizer.step#... spans
-    optimizer_spans: list[tuple[float, float]] = field(default_factory=list)  # their [start, end], unix seconds (first MAX_SPANS)
     collection: tuple[float, float] | None = None   # Kineto's own "PyTorch Profiler (0)" span: collection start..stop, unix s
     stored_path: str | None = None  # the verified archive copy (staged), None: archive the trace itself
     stored_size: int = 0            # bytes of what sha256 covers
@@ -117,7 +115,6 @@ class _Tally:
         self.foreign_pids: Counter[Any] = Counter()
         self.steps: list[int] = []
         self.optimizer_steps = 0
-        self.optimizer_spans: list[tuple[Any, Any]] = []   # (ts, ts + dur) in the trace's microseconds
         self.collection: tuple[Any, Any] | None = None     # Kineto's "Trace" span, same units
 
     @property
@@ -226,9 +223,6 @@ class _Tally:
                     self.steps.append(int(m.group(1)))
                 elif name.startswith("Optimizer.step#"):
                     self.optimizer_steps += 1
-                    ts, dur = item.get("ts"), item.get("dur")
-                    if type(ts) in _NUMBERS and type(dur) in _NUMBERS and len(self.optimizer_spans) < MAX_SPANS:
-                        self.optimizer_spans.append((ts, ts + dur))
 
 
 def _hashable(value: Any) -> bool:
@@ -330,12 +324,10 @@ def _verify(path: str, exp: Expectation, chunk: int, sha: StagedBytes) -> Verdic
     missing = sorted(must_be_present(exp.activities, exp.with_stack, gpu) - set(activity_cats))
     if missing:
         _add(problems, "requested activity types absent: " + ", ".join(missing))
-    spans = [(base / 1e9 + a / 1e6, base / 1e9 + b / 1e6) for a, b in sorted(tally.optimizer_spans)] \
-        if isinstance(base, int) else []
     collection = (base / 1e9 + tally.collection[0] / 1e6, base / 1e9 + tally.collection[1] / 1e6) \
         if isinstance(base, int) and tally.collection is not None else None
     return Verdict(not problems, problems, size, sha.hexdigest(), events, cats, found_id, first, last,
-                   min(steps) if steps else None, max(steps) if steps else None, tally.optimizer_steps, spans,
+                   min(steps) if steps else None, max(steps) if steps else None, tally.optimizer_steps,
                    collection, stored_size=sha.stored_size)
 
 
