@@ -57,12 +57,35 @@ def make_traces(root: Path, mb: int) -> tuple[list[Path], float]:
         first = t0 if first is None else min(first, t0)
         span = max(e["ts"] + e.get("dur", 0) for e in xs) - t0 + 1
         one = len(json.dumps(events))
-        doc["traceEvents"] = [dict(e, ts=e["ts"] + k * span) if "ts" in e else e
-                              for k in range(max(1, (mb << 20) // one)) for e in events]
+        ids = _id_stride(events)
+        doc["traceEvents"] = [_copy(e, k, span, ids) for k in range(max(1, (mb << 20) // one)) for e in events]
         path = root / f"source-{i}.json"
         path.write_bytes(json.dumps(doc).encode())
         out.append(path)
     return out, first / 1e6
+
+
+#: Kineto's ids that pair events: a launch and its kernel share `correlation`, a CPU op and its
+#: launches `External id`. Each copy gets its own, as a longer real trace has: with the ids repeated,
+#: HTA's launch-stats join on `correlation` is many-to-many (k copies: k^2 rows per launch), which
+#: made the previous bench's worker peak grow with k (60x one trace at 17 copies; BENCHMARKS.md).
+ID_ARGS = ("correlation", "External id")
+
+
+def _id_stride(events: list[dict]) -> int:
+    return 1 + max((int(v) for e in events for k, v in (e.get("args") or {}).items()
+                    if k in ID_ARGS and isinstance(v, (int, float))), default=0)
+
+
+def _copy(e: dict, k: int, span: float, stride: int) -> dict:
+    """Copy k of event e: shifted in time by k spans, its pairing ids by k strides."""
+    if "ts" not in e:
+        return e
+    out = dict(e, ts=e["ts"] + k * span)
+    args = e.get("args")
+    if k and args and any(n in args for n in ID_ARGS):
+        out["args"] = dict(args, **{n: args[n] + k * stride for n in ID_ARGS if isinstance(args.get(n), (int, float))})
+    return out
 
 
 def build_capture(root: Path, n: int, sources: list[Path], first_s: float) -> str:

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.coordinator.soak import Soak  # noqa: E402
 
 
-async def one(trigger: str, n: int) -> None:
-    async with Soak(trigger=trigger) as soak:
+async def one(trigger: str, n: int, keep: bool) -> None:
+    async with Soak(trigger=trigger, keep=keep) as soak:
         results = await soak.run(n)
         loose = await soak.settled()
         opened = [line for node in soak.nodes for line in node.failed_to_open()]
@@ -31,7 +31,7 @@ async def one(trigger: str, n: int) -> None:
     reasons = Counter(t["reason"] for r in results for t in r.targets.values() if t["state"] != "archived")
     iters = [r for r in results if r.kind == "iterations"]
     aligned = sum(1 for r in iters if r.fully_archived and r.misaligned() is None)
-    print(f"\n== trigger {trigger}: {n} captures (4 ranks, 2 agents)")
+    print(f"\n== trigger {trigger}: {n} captures (4 ranks, 2 agents)" + (f", kept in {soak.base}" if keep else ""))
     print(f"fully archived        {sum(r.fully_archived for r in results)}/{n}")
     print(f"failed targets        {dict(reasons) or 'none'}")
     print(f"unproven failures     {sum(len(r.unproven()) for r in results)}")
@@ -43,15 +43,23 @@ async def one(trigger: str, n: int) -> None:
         secs = [r.seconds for r in results if r.kind == kind]
         if secs:
             print(f"seconds per capture   {kind:10s} median {statistics.median(secs):5.1f}  max {max(secs):5.1f}")
+    for i, r in enumerate(results):       # every capture not fully archived, with its evidence
+        if not r.fully_archived or r.misaligned():
+            print(f"  #{i} {r.kind} {r.capture_id} phase={r.phase} start={r.start_iteration} {r.seconds:.1f}s"
+                  + (f" misaligned: {r.misaligned()}" if r.misaligned() else ""))
+            for tid, t in sorted(r.targets.items()):
+                if t["state"] != "archived":
+                    print(f"      {tid}: {t['state']} {t['reason']}: {t['detail']}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--captures", type=int, default=50)
     p.add_argument("--trigger", choices=["builtin", "dynolog", "both"], default="both")
+    p.add_argument("--keep", action="store_true", help="keep the nodes' logs, registries and agent state")
     a = p.parse_args()
     for trigger in (["builtin", "dynolog"] if a.trigger == "both" else [a.trigger]):
-        asyncio.run(one(trigger, a.captures))
+        asyncio.run(one(trigger, a.captures, a.keep))
 
 
 if __name__ == "__main__":

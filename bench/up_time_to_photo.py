@@ -2,6 +2,7 @@
 the moment the report link of the capture it caused is on the page, with the milestones between.
 
     sudo .venv/bin/python bench/up_time_to_photo.py [--incident host_sync] [--runs 3]
+    sudo .venv/bin/python bench/up_time_to_photo.py --serving --incident noisy_neighbor   # the serving demo
 
 Runs the real tree (needs root for eBPF, Prometheus and Alertmanager installed); prints each
 run's milestones and the medians. Alert-rule windows are scaled by `gpulens up`'s default 1/30.
@@ -29,10 +30,11 @@ MILESTONES = [("alert", r"alert firing: \S+ diagnosis=(\S+)"), ("converged", r"c
               ("report", r"capture \S+: report (\S+)")]
 
 
-def one_run(incident: str, after: float, timeout: float) -> dict[str, float]:
+def one_run(incident: str, after: float, timeout: float, serving: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         base = free_port_base()
-        cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", "--incident", incident, "--incident-after",
+        cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", *(["--serving"] if serving else []),
+               "--incident", incident, "--incident-after",
                str(after), "--workdir", f"{tmp}/up", "--port-base", str(base), "--status-interval", "0.5"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
@@ -61,13 +63,14 @@ def one_run(incident: str, after: float, timeout: float) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--incident", default="host_sync", choices=["host_sync", "noisy_neighbor", "input_starvation"])
+    ap.add_argument("--serving", action="store_true", help="the serving demo (two replicas; noisy_neighbor only)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--incident-after", type=float, default=80)
     ap.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args()
     runs = []
     for i in range(args.runs):
-        r = one_run(args.incident, args.incident_after, args.timeout)
+        r = one_run(args.incident, args.incident_after, args.timeout, args.serving)
         runs.append(r)
         print(f"run {i + 1}: " + ", ".join(f"{k} +{v:.1f} s" for k, v in r.items()), flush=True)
     print(f"medians over {args.runs} runs (seconds after the incident starts):")

@@ -4,7 +4,8 @@ Order: the cgroup names a pod UID that this node's pod index knows -> that pod (
 whose ID the cgroup names, and the job the pod's labels name); else a registration record written
 by the process (embedded mode, no Kubernetes) -> its namespace/pod/container and job_id; else
 namespace "local", the process name as pod and no job. The workload (label gpulens_workload) is
-the pod's owning workload in Kubernetes, else job/<job_id>, else the pod itself (workload_id).
+the pod's owning workload in Kubernetes, else the record's own (`gpulens up`'s serving demo names
+its Deployment), else job/<job_id>, else the pod itself (workload_id).
 While a cgroup names a pod the index has not seen yet (watch lag), the answer is "not yet"
 (None) so that labels are not pinned to a fallback that is about to change.
 """
@@ -96,7 +97,7 @@ class Attributor:
         rec = self.registrations.match(pid) if self.registrations is not None and (
             workload is None or not rank) else None
         if workload is None and rec is not None:
-            workload = Workload(rec.namespace, rec.pod, rec.container, "registration", rec.job_id)
+            workload = Workload(rec.namespace, rec.pod, rec.container, "registration", rec.job_id, rec.workload)
         if workload is None:
             if pending:
                 return None

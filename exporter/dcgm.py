@@ -7,6 +7,11 @@ default counters file) or, in custom configurations, as a counter; either way it
 into a monotonic byte counter: rates are integrated over the time between polls (capped, so an
 outage is not filled with a guess), counters are differenced with resets (a smaller value means
 dcgm-exporter restarted) counted from zero.
+
+dcgm-exporter in Kubernetes mode (the GPU Operator's and the standalone chart's default: it mounts
+the kubelet's pod-resources socket) names the pod a GPU is allocated to in each sample's
+`namespace`/`pod` labels (empty when none). That name is kept per GPU, so the device fields can be
+joined to the pod where NVML cannot say who runs on the GPU (service.py: NVML's answer wins).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class DcgmParseError(ValueError):
 class DcgmSnapshot:
     gauges: dict[tuple[str, str], float] = field(default_factory=dict)      # (metric, gpu) -> value
     pcie_bytes: dict[tuple[str, str], float] = field(default_factory=dict)  # (gpu, tx|rx) -> total
+    #: gpu -> (namespace, pod) dcgm-exporter names for it; only GPUs it names exactly one pod for
+    pods: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _gpu(labels: dict[str, str]) -> str | None:
@@ -75,13 +82,14 @@ class DcgmSource:
         self._clock = clock
         self._gauges: dict[tuple[str, str], float] = {}
         self._totals: dict[tuple[str, str], float] = {}
+        self._pods: dict[str, tuple[str, str]] = {}
         self._prev: dict[tuple[str, str], tuple[float, float]] = {}   # key -> (raw value, time)
         self.blanks_dropped = 0
         health.waiting(f"first scrape of {url} pending" if url else "looking for dcgm-exporter")
 
     @property
     def snapshot(self) -> DcgmSnapshot:
-        return DcgmSnapshot(gauges=dict(self._gauges), pcie_bytes=dict(self._totals))
+        return DcgmSnapshot(gauges=dict(self._gauges), pcie_bytes=dict(self._totals), pods=dict(self._pods))
 
     def ingest(self, text: str, now: float | None = None) -> None:
         """Apply one dcgm-exporter page; raises DcgmParseError (state unchanged) if it is malformed."""
@@ -94,8 +102,14 @@ class DcgmSource:
             raise DcgmParseError(f"malformed dcgm-exporter response: {exc}") from exc
         gauges: dict[tuple[str, str], float] = {}
         pcie: dict[tuple[str, str], tuple[float, bool]] = {}
+        named: dict[str, set[tuple[str, str]]] = {}      # gpu -> the pods the page names for it
         for family in families:
             for sample in family.samples:
+                pod = sample.labels.get("pod")
+                if pod:
+                    gpu = _gpu(sample.labels)
+                    if gpu is not None:
+                        named.setdefault(gpu, set()).add((sample.labels.get("namespace", ""), pod))
                 # the parser names counter samples "<family>_total" even when the page did not
                 name = sample.name.removesuffix("_total") if family.type == "counter" else sample.name
                 if name not in GAUGE_FIELDS and name not in PCIE_FIELDS:
@@ -122,7 +136,9 @@ class DcgmSource:
                 elif value >= 0:
                     totals[key] += value * min(max(0.0, now - prev[1]), self._max_gap)
             self._prev[key] = (value, now)
-        self._totals, self._gauges = totals, gauges
+        # a GPU shared by several pods (time-slicing: one series per pod) has no one owner
+        pods = {gpu: next(iter(owners)) for gpu, owners in named.items() if len(owners) == 1}
+        self._totals, self._gauges, self._pods = totals, gauges, pods
 
     def retarget(self, url: str | None) -> None:
         """Scrape another dcgm-exporter from now on. A new pod is a new process whose counters
@@ -130,7 +146,7 @@ class DcgmSource:
         totals already accumulated are kept, so gpulens' own counter never drops."""
         self.url = url
         self._prev = {key: (0.0, t) for key, (_, t) in self._prev.items()}
-        self._gauges = {}
+        self._gauges, self._pods = {}, {}
 
     def _follow(self) -> bool:
         """Ask `locate` where dcgm-exporter is now; False (and health says why) when nowhere."""
@@ -144,7 +160,7 @@ class DcgmSource:
                 log.warning("dcgm.lost", previous=self.url or "", reason=finding.reason)
             self.retarget(finding.url)
         if finding.url is None:
-            self._gauges = {}
+            self._gauges, self._pods = {}, {}
             if finding.state == FAILING:
                 self.health.failing(finding.reason, count=False)    # the finder counts its own errors
             elif finding.state == DISABLED:
@@ -164,15 +180,18 @@ class DcgmSource:
             async with session.get(self.url, timeout=timeout) as resp:
                 if resp.status != 200:
                     raise DcgmParseError(f"dcgm-exporter answered HTTP {resp.status}")
-                body = await resp.content.read(MAX_BODY + 1)
-                if len(body) > MAX_BODY:
-                    raise DcgmParseError(f"dcgm-exporter response larger than {MAX_BODY} bytes")
+                # to the end: one read() returns only what has arrived, and a page comes in pieces
+                body = bytearray()
+                async for chunk in resp.content.iter_any():
+                    body += chunk
+                    if len(body) > MAX_BODY:
+                        raise DcgmParseError(f"dcgm-exporter response larger than {MAX_BODY} bytes")
             self.ingest(body.decode("utf-8", "replace"))
         except (DcgmParseError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
             if self.health.view()[1] != reason:
                 log.warning("dcgm.scrape_failed", url=self.url, error=reason)
-            self._gauges = {}     # device gauges go stale; the accumulated counters are kept
+            self._gauges, self._pods = {}, {}     # device gauges go stale; the accumulated counters are kept
             self.health.failing(reason)
             return
         self.health.ok(self._found)

@@ -32,6 +32,10 @@ BATCH_JOB_NAME = "batch.kubernetes.io/job-name"
 LEGACY_JOB_NAME = "job-name"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 PYTORCHJOB_NAME = "training.kubeflow.org/job-name"
+# Set by the arming webhook on serving pods (issue 30): their gpulens.dev/job names the revision
+# (which the gateway routes by), while the workload stays the Deployment/StatefulSet it always was.
+SERVING_LABEL = "gpulens.dev/serving"
+SERVING_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 _PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 _BATCH_JOB = ("batch/v1", "Job")
 _LABEL_VALUE = re.compile(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
@@ -126,13 +130,14 @@ def workload_of_pod(meta: Any, job: str | None = None) -> str:
     except a CronJob's run, whose Job name changes every run (`CronJob/<name>`); else its
     controlling owner: `Deployment/<name>` for a ReplicaSet named `<deployment>-<pod-template-hash>`,
     else `<Kind>/<name>` (StatefulSet, DaemonSet, ReplicaSet, any custom resource); else
-    `Pod/<pod name>` for an unowned pod.
+    `Pod/<pod name>` for an unowned pod. An armed serving pod (`gpulens.dev/serving`) names its
+    revision as its job but keeps its owner's workload, so a rollout keeps the workload's baseline.
     """
     labels = _get(meta, "labels", "labels") or {}
     if not isinstance(labels, Mapping):
         labels = {}
     job = job_of_pod(meta) if job is None else job
-    if job:
+    if job and labels.get(SERVING_LABEL) not in SERVING_KINDS:
         batch = labels.get(BATCH_JOB_NAME) or labels.get(LEGACY_JOB_NAME) or _owner_name(meta, _BATCH_JOB)
         explicit = _is_label_value(labels.get(JOB_LABEL)) or _owner_name(meta, _PYTORCHJOB) or labels.get(JOBSET_NAME)
         run = _CRONJOB_RUN.fullmatch(job)

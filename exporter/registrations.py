@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,16 @@ class Registration:
     path: str
     job_id: str = ""           # GPULENS_JOB_ID of the worker: the series' gpulens_job label
     local_rank: int | None = None   # the worker's LOCAL_RANK: the series' rank label
+    workload: str = ""         # the record's "<Kind>/<name>" (GPULENS_WORKLOAD): the series' gpulens_workload
+
+
+#: what a record's workload may say: a kind and a name, as the pod index's workload_of_pod gives them
+_WORKLOAD = re.compile(r"[A-Za-z][A-Za-z0-9]{0,62}/[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
+def _workload(value: object) -> str:
+    """The record's workload when it is a bounded `<Kind>/<name>`, else "" (job/<job id> then)."""
+    return value if isinstance(value, str) and _WORKLOAD.fullmatch(value) else ""
 
 
 def _record(data: object, path: str) -> Registration | None:
@@ -60,7 +71,8 @@ def _record(data: object, path: str) -> Registration | None:
     return Registration(namespace=ns, pod=pod, container=container if isinstance(container, str) else "",
                         pod_uid=uid if isinstance(uid, str) else "", pid=pid, host_pid=host_pid,
                         pid_namespace=pidns, start_time=float(start), path=path,
-                        job_id=job if isinstance(job, str) else "", local_rank=local_rank)
+                        job_id=job if isinstance(job, str) else "", local_rank=local_rank,
+                        workload=_workload(data.get("workload")))
 
 
 class RegistrationIndex:

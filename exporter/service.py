@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gpulens.logs import get_logger
 
-from .attribution import Attributor, local_workload, workload_id
+from .attribution import Attributor, Workload, local_workload, workload_id
 from .catalogue import load_catalogue
 from .collector import GpulensCollector, ScrapeData, SourceView
 from .config import ExporterConfig
@@ -248,6 +248,7 @@ class Exporter:
             if self.dcgm is not None:
                 snap = self.dcgm.snapshot
                 data.dcgm_gauges, data.dcgm_pcie = snap.gauges, snap.pcie_bytes
+                self._dcgm_owners(snap.pods, data)
             data.sources = [self._view(h, self.dcgm_finder.errors if h.name == "dcgm" and self.dcgm_finder else 0)
                             for h in self.health.values()] + [self._attribution_view()]
             return data
@@ -272,6 +273,21 @@ class Exporter:
                 only, (job, workload) = next(iter(pods.items()))
                 if only[0] != "?":
                     data.gpu_owner[gpu] = (str(only[0]), str(only[1]), job, workload)
+
+    def _dcgm_owners(self, named: dict[str, tuple[str, str]], data: ScrapeData) -> None:
+        """The pod dcgm-exporter names for a GPU (from the kubelet's pod-resources) owns it where
+        NVML named none: no NVML here, or its one process not attributed. A GPU NVML sees shared
+        keeps no owner. The pod's job and workload come from this node's pod index."""
+        if not named:
+            return
+        infos = {(p.namespace, p.name): p for p in self.pods.values()} if self.pods is not None else {}
+        for gpu, (namespace, pod) in named.items():
+            if gpu in data.gpu_owner or data.gpu_pods.get(gpu, 0) > 1:
+                continue
+            info = infos.get((namespace, pod))
+            w = Workload(namespace, pod, "", "kubernetes", info.job, info.workload) if info else \
+                Workload(namespace, pod, "", "dcgm")
+            data.gpu_owner[gpu] = (namespace, pod, w.job, workload_id(w))
 
     @staticmethod
     def _view(h: SourceHealth, more_errors: int = 0) -> SourceView:

@@ -7,6 +7,9 @@ installed distributions of the set-up's .venv (which pip resolved from the same 
 what NOT_IMPORTED names; tests/container/test_lock.py checks it still agrees with pyproject.
 
     .venv/bin/python image/lock.py        # rewrite image/requirements.txt
+
+scripts/setup.sh installs with this file as pip constraints, so every machine's .venv holds the
+locked transitive versions. To move them: `pip install -U -e ".[dev]"` without `-c`, then rerun.
 """
 
 from __future__ import annotations

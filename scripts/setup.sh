@@ -50,7 +50,7 @@ fi
 PY=${GPULENS_PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 stamp=.venv/.gpulens-setup
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml image/requirements.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $($PY --version)"
   "$PY" -m venv .venv
@@ -65,7 +65,10 @@ if [ "$(cat $stamp 2>/dev/null)" != "$want" ]; then
     say "removing HolisticTraceAnalysis (published as traceinsight since 0.6.0, same hta package)"
     .venv/bin/python -m pip uninstall -y -q HolisticTraceAnalysis traceinsight >&2
   fi
-  .venv/bin/python -m pip install -q -e ".[dev]" >&2
+  # The image's lock constrains the runtime closure, so a fresh machine resolves the same transitive
+  # versions the image ships (unconstrained, botocore/idna/... drift with every PyPI release and
+  # tests/container/test_lock.py fails on a machine set up a week later).
+  .venv/bin/python -m pip install -q -e ".[dev]" -c image/requirements.txt >&2
   echo "$want" > $stamp
 fi
 

@@ -94,9 +94,10 @@ class Pipeline:
 
     async def run(self, rec: TargetRecord) -> None:
         log = _log.bind(capture_id=rec.capture_id, target_id=rec.target_id)
-        if rec.queued_at is not None and rec.status.state is S.QUEUED_BY_DYNOLOG:
+        resumed_linger = rec.status.terminal and rec.lingering_since is not None
+        if rec.queued_at is not None and rec.status.state is S.QUEUED_BY_DYNOLOG or resumed_linger:
             self._unresolved[rec.key] = rec    # resumed after a restart with its config out there
-        while True:
+        while not resumed_linger:
             try:
                 await self._steps(rec)
                 break
@@ -116,11 +117,11 @@ class Pipeline:
                 await self._persist(rec, log, None)
                 break
         published = self.store.status(rec.capture_id, rec.target_id)
-        if published is not None and published.terminal:
+        if published is not None and published.terminal and not resumed_linger:
             self.metrics.target_ended(published)  # once per run: what is on disk, as the coordinator sees it
         if rec.key in self._unresolved:
             try:
-                await self._linger(rec, log)
+                await self._linger(rec, log, resumed=resumed_linger)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a late look must never take the agent down
@@ -181,6 +182,8 @@ class Pipeline:
 
     def _fail(self, rec: TargetRecord, reason: FailureReason, detail: str) -> None:
         rec.fail(reason, detail)
+        if rec.key in self._unresolved and rec.lingering_since is None:
+            rec.lingering_since = time.time()  # on disk with the failure: a restart right after still watches
         self._save(rec)
         _log.warning("target.failed", capture_id=rec.capture_id, target_id=rec.target_id, reason=reason.value,
                      detail=detail)
@@ -191,7 +194,8 @@ class Pipeline:
         spec = rec.spec
         give_up = time.time() + self.s.registration_grace_s
         while True:
-            worker = self.registry.find(spec.job_id, spec.attempt, spec.rank, pod_uid=spec.pod_uid)
+            worker = self.registry.find(spec.job_id, spec.attempt, spec.registered_rank, pod_uid=spec.pod_uid,
+                                        pod=spec.pod)
             if worker is not None or time.time() >= min(give_up, spec.deadline):
                 return worker
             await asyncio.sleep(min(0.5, self.s.retry_interval_s))
@@ -240,8 +244,8 @@ class Pipeline:
             holder = self._holder(rec)
             if holder is not None:
                 detail = (f"pid {pid}'s Kineto may still hold capture {holder.capture_id} target {holder.target_id}'s "
-                          f"config (queued at {_iso(holder.queued_at)}, no trace from it yet): Kineto would ignore a "
-                          f"config sent now, so this one waits")
+                          f"config (queued at {_iso(holder.queued_at)}, no trace from it yet; {_holding(holder)}): "
+                          f"Kineto would ignore a config sent now, so this one waits")
                 if rec.status.state is not S.WAITING_FOR_SLOT or rec.status.detail != detail:
                     self._set(rec, S.WAITING_FOR_SLOT, detail)
                 answer = None
@@ -514,7 +518,7 @@ class Pipeline:
             attempt=spec.attempt, uri=uri, size=int(verdict.get("stored_size") or verdict["size"]),
             sha256=verdict["sha256"], sizes=artifact_sizes(spec, verdict),
             trace_id=rec.trace_id, event_count=verdict.get("event_count"),
-            iterations=None if not spec.iterations else _iterations(spec, verdict))
+            iterations=None if not spec.iterations else _iterations(spec, verdict), worker_rank=spec.worker_rank)
         note = ""
         if rec.status.artifact.iterations and rec.status.artifact.iterations["numbering"] == "optimizer_step":
             it = rec.status.artifact.iterations
@@ -526,37 +530,57 @@ class Pipeline:
 
     # --- after the end: a late trace is archived, never lost ------------------------------------
 
-    async def _linger(self, rec: TargetRecord, log) -> None:
+    async def _linger(self, rec: TargetRecord, log, resumed: bool = False) -> None:
         """The target ended without its trace, but its config reached Kineto's side: Kineto may
         still write it (a refusal misjudged, a trace that outran the deadline). Until the file lands
         or it is proven never to come, the capture's folder stays (so the trainer never hits
         ENOENT) and this process gets no other config; a file that does land is verified and
         archived as `traces/<target>.late.json`, and the target's detail says so."""
-        log.info("target.lingering", reason=rec.status.reason.value if rec.status.reason else None)
-        began = time.time()
+        if rec.lingering_since is None:       # (set with the failure as a rule; on disk, so a restart watches on)
+            rec.lingering_since = time.time()
+            self._save_quietly(rec, log)
+        began = rec.lingering_since
+        log.info("target.lingering", reason=rec.status.reason.value if rec.status.reason else None,
+                 resumed=resumed, since_s=round(time.time() - began, 1))
         passed_at: list[float] = []
+        # Every way out but cancellation (an agent stopping) settles the watch on disk; a stop
+        # leaves it there for the next agent to resume.
         while True:
             found = await self.observer.wait_for(rec.watch_path, self.s.liveness_interval_s)
             if found is not None:
                 self.trigger.settle(rec.trace_id)
+                rec.lingering_since = None     # saved with the late trace's detail
                 return await self._archive_late(rec, found, log)
             why = self._never_written(rec, passed_at)
             if why is not None:
                 log.info("target.config_resolved", why=why)
-                return
+                break
             if time.time() - began >= self.s.linger_max_s:
                 log.warning("target.linger_expired", waited_s=round(time.time() - began),
                             hint="a trace Kineto writes later finds no folder; the trainer's log will say so")
-                return
+                break
+        rec.lingering_since = None
+        self._save_quietly(rec, log)
+
+    def _save_quietly(self, rec: TargetRecord, log) -> None:
+        """Persist a fact that only adds to a final status; a failed write is logged, never raised."""
+        try:
+            self._save(rec)
+        except (StoreWriteFailed, FinalStatusConflict) as exc:
+            log.error("store.write_failed", state=rec.status.state.value, error=str(exc)[:300])
 
     def _never_written(self, rec: TargetRecord, passed_at: list[float]) -> str | None:
         """Why this config's trace can no longer appear, or None while it still might."""
         if not self._alive(rec):
             return "the process exited"
+        if rec.kineto_started_at is not None and rec.kineto_idle_at is not None:
+            # before the .tmp: Kineto renames its file before it goes idle, so a .tmp left behind
+            # after an idle poll is a write that failed, not one in progress
+            left = " (its .tmp was left behind: Kineto's rename failed)" if (
+                rec.watch_path and os.path.exists(rec.watch_path + ".tmp")) else ""
+            return f"Kineto's polls showed the trace run and end{left}"
         if rec.watch_path and os.path.exists(rec.watch_path + ".tmp"):
             return None                        # Kineto is writing it right now
-        if rec.kineto_started_at is not None and rec.kineto_idle_at is not None:
-            return "Kineto's polls showed the trace run and end (it renames its file before it goes idle)"
         spec, now = rec.spec, time.time()
         if not spec.iterations:
             # a time-based config starts 7 s after its fetch or never (Kineto cancels a late one)
@@ -635,6 +659,16 @@ def _iterations(spec, verdict: dict) -> dict:
             "last": verdict.get("step_last") if counted else verdict.get("last_step"),
             **({"collected_last": verdict.get("step_collected_last")} if counted else {}),
             "optimizer_steps": steps, "stepped": steps > 0}
+
+
+def _holding(rec: TargetRecord) -> str:
+    """What is known of a config still out with its process: the facts a waiting target names."""
+    tmp = bool(rec.watch_path) and os.path.exists(rec.watch_path + ".tmp")
+    facts = [f"ended {rec.status.reason.value}" if rec.status.terminal and rec.status.reason else "in flight",
+             f"fetched {_iso(rec.delivered_at)}" if rec.delivered_at else "fetch not seen",
+             f"polls busy from {_iso(rec.kineto_started_at)}" if rec.kineto_started_at else "never seen busy",
+             "its .tmp is on disk (Kineto is writing it)" if tmp else "no .tmp"]
+    return ", ".join(facts)
 
 
 def _process_key(worker: dict | None) -> tuple | None:

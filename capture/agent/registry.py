@@ -136,11 +136,17 @@ class WorkerRegistry:
             out.append(Worker(rec, path, host))
         return out
 
-    def find(self, job_id: str, attempt: int, rank: int, *, pod_uid: str | None = None) -> Worker | None:
-        """The worker with this identity, preferring a live one and then the newest record."""
+    def find(self, job_id: str, attempt: int, rank: int, *, pod_uid: str | None = None,
+             pod: str | None = None) -> Worker | None:
+        """The worker with this identity, preferring a live one and then the newest record.
+
+        A pod is told apart by its uid and, where either side lacks one (a process armed without
+        the downward-API uid), by its name: two serving replicas on one node both say rank 0 of
+        the same revision, and only the pod distinguishes them."""
         matches = [w for w in self.workers()
                    if w.record.job_id == job_id and w.record.attempt == attempt and w.record.global_rank == rank
-                   and (not pod_uid or not w.record.pod_uid or w.record.pod_uid == pod_uid)]
+                   and (w.record.pod_uid == pod_uid if pod_uid and w.record.pod_uid
+                        else not pod or not w.record.pod or w.record.pod == pod)]
         if not matches:
             return None
         return max(matches, key=lambda w: (w.alive, w.record.start_time))

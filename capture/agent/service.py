@@ -57,8 +57,8 @@ class Agent:
     async def start(self) -> None:
         resumed = 0
         for rec in self.store.load():
-            if rec.status.terminal:
-                continue
+            if rec.status.terminal and rec.lingering_since is None:
+                continue                       # over; one still watched for a late trace is resumed
             if (rec.status.state is TargetState.QUEUED_BY_DYNOLOG and rec.backend == "builtin"
                     and rec.delivered_at is None):
                 # The builtin slot lived in the previous process; Kineto never fetched it. Queue again

@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="S3-compatible endpoint for s3:// URIs (credentials: the usual AWS_* variables)")
     parser.add_argument("--jobs", type=int, default=2, metavar="N",
                         help="workers of the local Dask cluster, i.e. ranks analysed at once (1-64, default 2); "
-                             "each holds one trace: up to ~50x its uncompressed JSON at peak")
+                             "each holds one trace: up to ~12-16x its uncompressed JSON at peak")
     parser.add_argument("--scheduler", default=os.environ.get("GPULENS_DASK_SCHEDULER") or None, metavar="URL",
                         help="tcp://host:port of an existing Dask cluster to run the per-rank work on (default: "
                              "start a local cluster of --jobs workers); its workers must reach the archive")

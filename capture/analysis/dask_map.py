@@ -27,10 +27,12 @@ __all__ = ["ClusterPlan", "plan_cluster", "dask_client", "map_ranks", "RETRIES",
 
 RETRIES = 1                     # a lost worker's rank is tried once more on another worker
 WORKER_BASE_BYTES = 768 << 20   # an idle worker with pandas and HTA imported, and headroom
-#: peak worker bytes per byte of trace JSON: measured 1.5-1.7 GiB for one ~29 MiB rank of real (replicated)
-#: GPU+NCCL events through inspection, HTA's load and the nine analyses (BENCHMARKS.md, "Analysis at
-#: scale"); HTA's analyses copy the frame. Small traces stay near the base.
-JSON_FACTOR = 50
+#: peak worker bytes per byte of trace JSON: measured 349-454 MiB at peak for ~29 MiB ranks of real
+#: GPU+NCCL events with unique pairing ids (8-128 ranks; ~120 MiB of it the process itself, the rest
+#: ~6x for inspection and ~6x for HTA's load; BENCHMARKS.md, "Analysis at scale with unique pairing
+#: ids"), so 16 over the base leaves headroom. (The earlier 50 was sized from a bench artifact:
+#: repeated correlation ids made HTA's joins many-to-many.) Small traces stay near the base.
+JSON_FACTOR = 16
 GZIP_EXPANSION = 12             # a gzipped Kineto trace's JSON is ~10-16x its size (see reference)
 MIN_WORKER_BYTES = 1 << 30
 LOST = "lost"                   # map_ranks' marker for a rank whose worker died (with the reason)

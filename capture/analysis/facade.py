@@ -71,7 +71,7 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
     is_baseline = baselines.is_baseline(m.request)
     baseline = None if is_baseline else baselines.latest(source.capture_prefix, m.capture_id, log, **archive_options)
 
-    summaries = _map(source, options, archive_options, tuple(analyses), log)
+    summaries, analysed_on = _map(source, options, archive_options, tuple(analyses), log)
     from .reduce import reduce_ranks
     reduced = reduce_ranks(m, summaries, analyses, log)
     hta = reduced.hta
@@ -79,7 +79,9 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
         from .hta_loading import hta_version
         hta = hta_version()
     summary = build_summary(source, reduced.plan, reduced.contents, reduced.results, hta, summary_uri, report_uri,
-                            evidence=reduced.evidence, baseline=baseline, cross_rank=reduced.cross_rank)
+                            evidence=reduced.evidence, baseline=baseline, cross_rank=reduced.cross_rank,
+                            analysed_on=analysed_on,
+                            workers=[(s.get("worker") or {}).get("host") for s in summaries])
 
     from .report_html import render_report
     _write(source, options, REPORT_KEY, render_report(summary).encode(), "text/html; charset=utf-8")
@@ -92,8 +94,10 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
 
 
 def _map(source: ManifestInput, options: AnalyzeOptions, archive_options: dict, analyses: tuple[Analysis, ...],
-         log: EventLogger) -> list[dict[str, Any]]:
-    """One rank summary per manifest artifact, in its order; a rank Dask gave up on is `unanalysable`."""
+         log: EventLogger) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One rank summary per manifest artifact, in its order (a rank Dask gave up on is
+    `unanalysable`), and where they ran: the scheduler (`local`: a cluster of this process) and
+    its worker count when the map began."""
     from .dask_map import LOST, dask_client, map_ranks, plan_cluster
 
     m = source.manifest
@@ -107,13 +111,14 @@ def _map(source: ManifestInput, options: AnalyzeOptions, archive_options: dict, 
     plan = plan_cluster(m.artifacts, options.jobs, options.scheduler, options.worker_memory)
     out: dict[int, dict[str, Any]] = {}
     with dask_client(plan, log) as client:
+        analysed_on = {"scheduler": plan.scheduler or "local", "workers": len(client.scheduler_info()["workers"])}
         for index, result in map_ranks(client, jobs, plan, log):
             if isinstance(result, tuple) and result[0] == LOST:
                 a = m.artifacts[index]
                 result = {"rank": a.rank, "status": "excluded", "reason": Exclusion.UNANALYSABLE.value,
                           "detail": result[1], "facts": None, "tool": {}}
             out[index] = result
-    return [out[i] for i in range(len(jobs))]
+    return [out[i] for i in range(len(jobs))], analysed_on
 
 
 def _output_uris(source: ManifestInput, options: AnalyzeOptions) -> tuple[str, str]:

@@ -72,10 +72,13 @@ def plan_ranks(manifest: Manifest, inspected: list[Inspected]) -> RankPlan:
             entries.append(RankEntry(status="excluded", reason=result.exclusion.value, detail=result.detail, **base))
             continue
         facts = result.facts
-        if facts.distributed_rank is not None and facts.distributed_rank != artifact.rank:
+        # A serving capture numbers replicas apart: each worker's trace states its own replica's rank.
+        if facts.distributed_rank is not None and facts.distributed_rank != artifact.own_rank:
             entries.append(RankEntry(status="excluded", reason=Exclusion.RANK_MISMATCH.value,
                                      detail=f"the trace says distributedInfo.rank={facts.distributed_rank}; "
-                                            f"the manifest binds it to rank {artifact.rank}", **base))
+                                            f"the manifest binds it to rank {artifact.own_rank}"
+                                            + (f" (capture rank {artifact.rank})" if artifact.worker_rank is not None
+                                               else ""), **base))
             continue
         if artifact.rank in holder:
             entries.append(RankEntry(status="excluded", reason=Exclusion.DUPLICATE_RANK.value,

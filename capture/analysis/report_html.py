@@ -234,6 +234,29 @@ def _verdict(summary: dict) -> str:
     return "".join(parts)
 
 
+def _replicas(summary: dict) -> str:
+    """Serving captures (issue 30): the affected replica against the healthy peer of the same window."""
+    x = summary.get("replicas")
+    if not x:
+        return ""
+    parts = ['<section class="replicas" id="replicas"><h2>Affected replica against its healthy peer</h2>',
+             f'<p class="why">{escape(x["why"])}</p>']
+    if x["pairs"]:
+        parts.append(_table(x["pairs"], [("rank", "rank"), ("pod", "pod"), ("peer rank", "peer_rank"),
+                                         ("peer pod", "peer_pod"), ("GPU kernel µs", "kernel_us"),
+                                         ("peer GPU kernel µs", "peer_kernel_us"), ("ratio", "kernel_ratio"),
+                                         ("host-blocking µs", "host_blocking_us"),
+                                         ("peer host-blocking µs", "peer_host_blocking_us")]))
+    if x["operators"]:
+        parts.append("<h3>Operators and kernels, largest difference first</h3>" + _table(x["operators"], [
+            ("rank", "rank"), ("kind", "kind"), ("name", "name"), ("per", "unit"), ("µs", "us"),
+            ("peer µs", "peer_us"), ("+µs", "delta_us"), ("calls", "calls"), ("peer calls", "peer_calls"),
+            ("µs per call", "us_per_call"), ("peer µs per call", "peer_us_per_call"),
+            ("per-call ratio", "per_call_ratio")]))
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def _cross_rank(summary: dict) -> str:
     """Stragglers across ranks: who holds the others back, by how much, how often, and what differs."""
     x = summary.get("cross_rank")
@@ -266,6 +289,18 @@ def _ms_text(us: float | None) -> str:
     return "—" if us is None else f"{us / 1000:.2f} ms"
 
 
+def _analysed_on(summary: dict) -> str:
+    """Where the ranks ran: the Dask cluster (and each rank's worker), or one `gpulens analyze` started."""
+    on = summary.get("analysed_on")
+    if not on:
+        return ""
+    where = ("a local Dask cluster" if on["scheduler"] == "local"
+             else f"the Dask cluster {escape(on['scheduler'])}")
+    hosts = ", ".join(f"{escape(str(r['rank']))} on {escape(r['worker'])}" for r in summary["ranks"] if r.get("worker"))
+    n = on["workers"]
+    return f"Ranks analysed on {where} ({n} worker{'' if n == 1 else 's'}){': ' + hosts if hosts else ''}. "
+
+
 def render_report(summary: dict[str, Any]) -> str:
     c = summary["capture"]
     title = f"gpulens capture {c['capture_id']} · {c['job_id']}"
@@ -281,7 +316,7 @@ def render_report(summary: dict[str, Any]) -> str:
         "<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
         f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"
         f"<header><h1>{escape(title)}<span class=\"badge {escape(status)}\">{escape(status.replace('_', ' '))}</span></h1>"
-        f"{_identity(summary)}</header><main>{_verdict(summary)}<h2>Ranks</h2>{_ranks(summary)}{_cross_rank(summary)}{analyses}</main>"
+        f"{_identity(summary)}</header><main>{_verdict(summary)}{_replicas(summary)}<h2>Ranks</h2>{_ranks(summary)}{_cross_rank(summary)}{analyses}</main>"
         f"<footer><p class=\"reason\">Generated {escape(_when(summary['generated_at']))} by gpulens "
         f"{escape(summary['tool']['gpulens'])} with HolisticTraceAnalysis {escape(summary['tool']['hta'])}. "
-        f"Machine-readable: {escape(summary['outputs']['summary_uri'])}</p></footer></body></html>\n")
+        f"{_analysed_on(summary)}Machine-readable: {escape(summary['outputs']['summary_uri'])}</p></footer></body></html>\n")

@@ -19,11 +19,13 @@ from gpulens import __version__
 from .contents import TraceContents
 from .manifest_reading import ManifestInput
 from .rank_selection import RankEntry, RankPlan
+from .replicas import affected_evidence, as_baseline, compare
 from .running import OK, AnalysisResult
 
 __all__ = ["Evidence", "build_summary", "summary_json", "analysed_something", "SCHEMA_VERSION"]
 
-#: 2: adds `cross_rank` (stragglers across ranks) and the `unanalysable` exclusion; 1 is still read (baselines)
+#: 2: adds `cross_rank` (stragglers across ranks), the `unanalysable` exclusion and where the ranks
+#: were analysed (`analysed_on`, each rank's `worker`); 1 is still read (baselines)
 SCHEMA_VERSION = 2
 
 
@@ -34,12 +36,14 @@ class Evidence:
     error: str | None = None
 
 
-def _rank(entry: RankEntry) -> dict[str, Any]:
+def _rank(entry: RankEntry, worker_of: dict[int, str]) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": entry.rank, "target_id": entry.target_id, "status": entry.status,
                            "reason": entry.reason, "detail": entry.detail}
     a = entry.artifact
     if a is not None:
         out.update(node=a.node, pod=a.pod, pid=a.pid, uri=a.uri, size=a.size, sha256=a.sha256)
+        if id(a) in worker_of:
+            out["worker"] = worker_of[id(a)]
     elif entry.placement is not None:
         out.update(node=entry.placement[0], pod=entry.placement[1])
     out["trace"] = entry.facts.to_dict() if entry.facts is not None else None
@@ -108,7 +112,11 @@ def _verdict(reason: dict | None, contents: TraceContents | None, evidence: Evid
 def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents | None,
                   results: list[AnalysisResult], hta_version: str, summary_uri: str, report_uri: str, *,
                   evidence: Evidence | None = None, baseline: dict[str, Any] | None = None,
-                  cross_rank: dict[str, Any] | None = None) -> dict[str, Any]:
+                  cross_rank: dict[str, Any] | None = None, analysed_on: dict[str, Any] | None = None,
+                  workers: list[str | None] | None = None) -> dict[str, Any]:
+    """`analysed_on`: the Dask scheduler the ranks were submitted to and its workers; `workers`:
+    the host each manifest artifact was analysed on (its worker's hostname, a pod's name in
+    Kubernetes), in the manifest's order, None where no worker finished it."""
     m = source.manifest
     capture: dict[str, Any] = {"capture_id": m.capture_id, "job_id": m.job_id, "attempt": m.attempt,
                                "manifest_uri": source.uri, "requested_at": m.requested_at,
@@ -116,6 +124,16 @@ def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents
     if isinstance(m.request.get("reason"), dict):
         capture["reason"] = m.request["reason"]
     capture["baseline"] = m.request.get("baseline") is True
+    worker_of = {id(a): w for a, w in zip(m.artifacts, workers or []) if w}
+    ranks = [_rank(e, worker_of) for e in plan.entries]
+    # A serving capture (issue 30): the named replica is judged against the healthy peer captured
+    # with it, in the same window, rather than against the job's baseline.
+    per_rank = evidence.per_rank if evidence is not None else None
+    replicas = compare(m.request, ranks, per_rank)
+    peer = as_baseline(m.request, ranks, per_rank, m.capture_id, summary_uri)
+    judged, against = evidence, baseline
+    if peer is not None and evidence is not None and per_rank is not None:
+        judged, against = Evidence(affected_evidence(m.request, ranks, per_rank), evidence.error), peer
     summary = {
         "schema_version": SCHEMA_VERSION,
         "status": "analysed" if analysed_something(results) else "nothing_analysed",
@@ -126,16 +144,20 @@ def build_summary(source: ManifestInput, plan: RankPlan, contents: TraceContents
         "counts": {"expected": len(m.expected_targets), "archived": len(m.artifacts),
                    "analysed": len(plan.with_status("analysed")), "excluded": len(plan.with_status("excluded")),
                    "missing": len(plan.with_status("missing"))},
-        "ranks": [_rank(e) for e in plan.entries],
+        "ranks": ranks,
         "analyses": {r.name: r.to_dict() for r in results},
-        "verdict": _verdict(capture.get("reason"), contents, evidence, baseline),
+        "verdict": _verdict(capture.get("reason"), contents, judged, against),
         "iterations": _alignment(m, plan),
         "evidence": {"per_rank": evidence.per_rank if evidence is not None else None,
                      "error": evidence.error if evidence is not None else None},
         "outputs": {"summary_uri": summary_uri, "report_uri": report_uri},
     }
+    if analysed_on is not None:
+        summary["analysed_on"] = analysed_on
     if cross_rank is not None:
         summary["cross_rank"] = cross_rank
+    if replicas is not None:
+        summary["replicas"] = replicas
     return schemas.validate("summary", summary)
 
 

@@ -1,8 +1,8 @@
 """Verify one fetched trace file and learn what it contains, before HTA ever sees it.
 
-Runs in a worker process (one file at a time per worker), because parsing a trace costs several
-times its size in memory and the main process must stay small: it later forks HTA's parsers and
-holds every rank's DataFrame. Per file, in this order:
+Runs in a worker (one file at a time per worker), next to HTA's parse of the same rank. The file
+is read as a stream (the agent verifier's reader), so this step holds one batch of events, never
+the whole document: HTA's own parse is what a worker's memory must fit. Per file, in this order:
 
 1. the sha256 (and size) of the fetched bytes must equal the manifest's, else the rank is excluded;
 2. the content must be a Kineto JSON trace (gzip sniffed from the bytes, not trusted from the name),
@@ -20,10 +20,13 @@ import hashlib
 import os
 import re
 import shutil
+import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from capture import limits
+# The agent verifier's streaming reader: the same acceptance as json.load, one batch in memory.
+from capture.agent.jsonstream import TraceStream, TraceSyntaxError
 
 from .exclusions import Exclusion
 
@@ -119,9 +122,8 @@ def inspect_trace(job: InspectJob) -> Inspected:
     """Verify, inspect and stage one trace; never raises for bad input (it excludes the rank)."""
     try:
         _check_digest(job)
-        data, compressed = _read_content(job)
-        facts = _facts(data, compressed)
-        hta_path = _stage_for_hta(job, data, facts)
+        facts = _facts(job)
+        hta_path = _stage_for_hta(job, facts)
         if hta_path is None:  # the copy needed no patch: stage the verified file itself
             hta_path = _link_or_copy(Path(job.path), job, facts.compressed)
         facts = replace(facts, rank_inserted=facts.distributed_rank is None)
@@ -151,20 +153,19 @@ def _check_digest(job: InspectJob) -> None:
                       f"with sha256 {job.sha256}")
 
 
-def _read_content(job: InspectJob) -> tuple[bytearray, bool]:
-    with open(job.path, "rb") as f:
-        compressed = f.read(2) == _GZIP_MAGIC
-    opener = gzip.open if compressed else open
-    data = bytearray()  # grown in place: no second full-size copy from joining chunks
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+@contextmanager
+def _content(path: str, compressed: bool):
+    """The trace's JSON bytes as a file (decompressed on the fly); a broken gzip stream is a _Reject."""
     try:
-        with opener(job.path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                if len(data) + len(chunk) > job.max_bytes:
-                    raise _Reject(Exclusion.UNREADABLE, f"trace decompresses to more than {job.max_bytes} bytes")
-                data += chunk
-    except (gzip.BadGzipFile, EOFError, OSError) as exc:
+        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as f:
+            yield f
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise _Reject(Exclusion.UNREADABLE, f"corrupt gzip stream: {exc}") from exc
-    return data, compressed
 
 
 def _num(v) -> bool:
@@ -175,52 +176,93 @@ def _int_or_none(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _facts(data: bytearray, compressed: bool) -> TraceFacts:
-    try:
-        doc = limits.loads(data, limits.TRACE_FILE)
-    except (UnicodeDecodeError, ValueError) as exc:  # JsonLimitError included
-        raise _Reject(Exclusion.UNREADABLE, f"not JSON: {str(exc)[:200]}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+class _Tally:
+    """The facts of the events seen so far, one batch at a time."""
+
+    def __init__(self) -> None:
+        self.events = self.complete = self.cpu_ops = self.annotations = self.kernels = 0
+        self.gpu = self.comm = self.legacy = self.steps = 0
+        self.ts_min, self.ts_max = float("inf"), float("-inf")
+
+    def batch(self, events: list) -> None:
+        self.events += len(events)
+        for e in events:
+            if not isinstance(e, dict) or e.get("ph") != "X":
+                continue
+            ts, dur, cat, name = e.get("ts"), e.get("dur"), e.get("cat"), e.get("name")
+            if not (_num(ts) and _num(dur) and isinstance(cat, str) and isinstance(name, str)
+                    and "pid" in e and "tid" in e):
+                continue
+            self.complete += 1
+            self.ts_min, self.ts_max = min(self.ts_min, ts), max(self.ts_max, ts + dur)
+            if cat == "cpu_op":
+                self.cpu_ops += 1
+            elif cat == "user_annotation":
+                self.annotations += 1
+            elif cat == "kernel":
+                self.kernels += 1
+                if _COMM_KERNEL.match(name):
+                    self.comm += 1
+                    self.legacy += name.startswith("ncclKernel")
+            if name.startswith("ProfilerStep#"):
+                self.steps += 1
+            args = e.get("args")
+            if isinstance(args, dict):
+                stream, corr = args.get("stream"), args.get("correlation")
+                if _num(stream) and _num(corr) and stream >= 0 and corr >= 0:
+                    self.gpu += 1
+
+
+def _facts(job: InspectJob) -> TraceFacts:
+    """One streaming pass (capture.agent.jsonstream, the agent verifier's reader): memory stays at
+    about one batch of events, not the ~6x of the file that `json.loads` of the whole text took
+    (it was the largest part of an analysis worker's peak, BENCHMARKS.md "Analysis at scale")."""
+    compressed = _is_gzip(job.path)
+    tally, top, seen = _Tally(), {}, [0]
+
+    def count(raw: bytes) -> None:
+        seen[0] += len(raw)
+        if seen[0] > job.max_bytes:
+            raise _Reject(Exclusion.UNREADABLE, f"trace decompresses to more than {job.max_bytes} bytes")
+
+    with _content(job.path, compressed) as f:
+        first = _first_char(f)
+        if first == b"[":
+            raise _Reject(Exclusion.UNREADABLE, "not a Kineto trace: no top-level traceEvents array "
+                                                "(the top level is an array)")
+        try:
+            for kind, item in TraceStream(f, on_bytes=count, batches=True):
+                if kind == "key":
+                    name, value = item
+                    if name in ("traceEvents", "distributedInfo", "baseTimeNanoseconds"):
+                        top[name] = value
+                else:
+                    tally.batch(item)
+        except UnicodeDecodeError as exc:
+            raise _Reject(Exclusion.UNREADABLE, f"not JSON: {str(exc)[:200]}") from exc
+        except TraceSyntaxError as exc:
+            raise _Reject(Exclusion.UNREADABLE, f"not JSON: {str(exc)[:200]}") from exc
+    if "traceEvents" not in top or top["traceEvents"] is not None:   # None: it was the array streamed
         raise _Reject(Exclusion.UNREADABLE, "not a Kineto trace: no top-level traceEvents array")
-    events = doc["traceEvents"]
-    complete = cpu_ops = annotations = kernels = gpu = comm = legacy = steps = 0
-    ts_min, ts_max = float("inf"), float("-inf")
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        ts, dur, cat, name = e.get("ts"), e.get("dur"), e.get("cat"), e.get("name")
-        if not (_num(ts) and _num(dur) and isinstance(cat, str) and isinstance(name, str)
-                and "pid" in e and "tid" in e):
-            continue
-        complete += 1
-        ts_min, ts_max = min(ts_min, ts), max(ts_max, ts + dur)
-        if cat == "cpu_op":
-            cpu_ops += 1
-        elif cat == "user_annotation":
-            annotations += 1
-        elif cat == "kernel":
-            kernels += 1
-            if _COMM_KERNEL.match(name):
-                comm += 1
-                legacy += name.startswith("ncclKernel")
-        if name.startswith("ProfilerStep#"):
-            steps += 1
-        args = e.get("args")
-        if isinstance(args, dict):
-            stream, corr = args.get("stream"), args.get("correlation")
-            if _num(stream) and _num(corr) and stream >= 0 and corr >= 0:
-                gpu += 1
-    if complete == 0:
+    if tally.complete == 0:
         raise _Reject(Exclusion.UNREADABLE, "no complete events (ph X with ts, dur, cat, name, pid, tid): "
                                             "nothing for HTA to analyse")
-    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
     rank, world = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
     return TraceFacts(
-        events=len(events), complete_events=complete, cpu_ops=cpu_ops, user_annotations=annotations,
-        kernels=kernels, gpu_events=gpu, comm_kernels=comm, nccl_legacy_kernels=legacy, profiler_steps=steps,
-        ts_min_us=float(ts_min), ts_max_us=float(ts_max), base_time_ns=_int_or_none(doc.get("baseTimeNanoseconds")),
+        events=tally.events, complete_events=tally.complete, cpu_ops=tally.cpu_ops,
+        user_annotations=tally.annotations, kernels=tally.kernels, gpu_events=tally.gpu, comm_kernels=tally.comm,
+        nccl_legacy_kernels=tally.legacy, profiler_steps=tally.steps, ts_min_us=float(tally.ts_min),
+        ts_max_us=float(tally.ts_max), base_time_ns=_int_or_none(top.get("baseTimeNanoseconds")),
         distributed_rank=rank if rank is not None and rank >= 0 else None, world_size=world,
         compressed=compressed, rank_inserted=False)
+
+
+def _first_char(f) -> bytes:
+    """The first significant byte (after a BOM and whitespace); the file is rewound."""
+    head = f.read(64)
+    f.seek(0)
+    return head.lstrip(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1]
 
 
 def _hta_name(job: InspectJob, compressed: bool) -> Path:
@@ -228,18 +270,21 @@ def _hta_name(job: InspectJob, compressed: bool) -> Path:
     return Path(job.hta_dir) / f"rank-{job.rank}.json{'.gz' if compressed else ''}"
 
 
-def _stage_for_hta(job: InspectJob, data: bytearray, facts: TraceFacts) -> Path | None:
-    """Write a patched copy when distributedInfo is missing; None when the file can be used as is."""
+def _stage_for_hta(job: InspectJob, facts: TraceFacts) -> Path | None:
+    """Write a patched copy when distributedInfo is missing; None when the file can be used as is.
+    Streamed: the object's opening brace, the inserted key, then the rest, a chunk at a time."""
     if facts.distributed_rank is not None:
         return None
-    brace = data.index(b"{")  # the document is a JSON object, so its first token is "{"
     insert = b'"distributedInfo": {"rank": %d}, ' % job.rank
     dest = _hta_name(job, facts.compressed)
-    view = memoryview(data)  # written in three pieces: no patched full-size copy in memory
-    with (gzip.open(dest, "wb", compresslevel=1) if facts.compressed else open(dest, "wb")) as f:
-        f.write(view[:brace + 1])
-        f.write(insert)
-        f.write(view[brace + 1:])
+    with _content(job.path, facts.compressed) as src, \
+            (gzip.open(dest, "wb", compresslevel=1) if facts.compressed else open(dest, "wb")) as out:
+        head = src.read(1 << 20)
+        brace = head.index(b"{")  # the document is a JSON object (inspected), so its first token is "{"
+        out.write(head[:brace + 1])
+        out.write(insert)
+        out.write(head[brace + 1:])
+        shutil.copyfileobj(src, out, 8 << 20)
     return dest
 
 

@@ -160,6 +160,70 @@ def _kernels(ev: list[dict], baseline: list[dict] | None, cpu_only: bool, what: 
     return _check(INCONCLUSIVE, where, numbers, [], r["rank"])
 
 
+def _own_ops(r: dict) -> dict[str, dict]:
+    return {p["name"]: p for p in r["profile"] if p["kind"] == "cpu_op" and p["calls"] and p["us"] is not None}
+
+
+def _against_peer(r: dict, b: dict) -> tuple[float, float | None] | None:
+    """(slowdown, own-work factor) of a replica's rank against its peer's, over the operators both
+    ran: slowdown is its step time over the peer's, or without steps how many fewer operator calls
+    per second it made; own-work is the median over those operators of its time per call over the
+    peer's (None when no operator is on both sides)."""
+    mine, theirs = _own_ops(r), _own_ops(b)
+    both = [n for n in mine if n in theirs]
+    if r["steps"] and b["steps"]:
+        slowdown = _ratio(r["step_mean_us"], b["step_mean_us"])
+    elif r["profile_unit"] == b["profile_unit"] == "second" and both:
+        slowdown = _ratio(sum(theirs[n]["calls"] for n in both), sum(mine[n]["calls"] for n in both))
+    else:
+        slowdown = None
+    if slowdown is None:
+        return None
+    ratios = sorted((mine[n]["us"] / mine[n]["calls"]) / (theirs[n]["us"] / theirs[n]["calls"])
+                    for n in both if theirs[n]["us"])
+    # the median operator: one operator the scheduler preempted (tens of microseconds each) must not decide
+    own = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2 if ratios else None
+    return slowdown, None if own is None else round(own, 3)
+
+
+def _outside_own_work(ev: list[dict], peer: list[dict], what: str) -> dict[str, Any]:
+    """A CPU-only trace of a serving replica with its healthy peer in the same window (issue 30):
+    kernel time cannot be seen, but where the cause lies can. A neighbour on the replica's GPU (or
+    a slower GPU) makes it wait on the device: it gets less done than the peer while each of its own
+    operators takes as long per call as the peer's, and neither host-blocking work nor data-loader
+    waits take a larger share than on the peer (those would be its own code's doing)."""
+    best = None
+    for r in ev:
+        b = _base_rank(peer, r["rank"])
+        found = _against_peer(r, b) if b else None
+        if found is not None and (best is None or found[0] > best[0][0]):
+            best = (found, r, b)
+    if best is None:
+        return _check(INCONCLUSIVE, f"CPU-only trace: {what} shows as slower work than the healthy peer's, and no "
+                                    "rank could be compared with the peer (no operators on both sides)", {},
+                      list(_KERNELS), None)
+    (slowdown, own), r, b = best
+    hb = round(r["host_blocking"]["share_pct"] - b["host_blocking"]["share_pct"], 3) \
+        if r["host_blocking"]["share_pct"] is not None and b["host_blocking"]["share_pct"] is not None else None
+    iw = round(r["input_wait"]["share_pct"] - b["input_wait"]["share_pct"], 3) \
+        if r["input_wait"]["share_pct"] is not None and b["input_wait"]["share_pct"] is not None else None
+    numbers = {"slowdown": slowdown, "own_per_call": own, "host_blocking_share_delta_pct": hb,
+               "input_wait_share_delta_pct": iw, "steps": r["steps"], "unit": r["profile_unit"]}
+    pace = "step time" if r["steps"] and b["steps"] else "operator calls per second"
+    where = (f"rank {r['rank']}: {slowdown:.2f}x slower than its healthy peer (by {pace}, same window)"
+             + (f", its own operators {own:.2f}x as long per call" if own is not None else ""))
+    if slowdown < KERNEL_SAME:
+        return _check(NOT_SUPPORTED, where + ": it gets as much done as the peer", numbers, list(_KERNELS), r["rank"])
+    if slowdown >= KERNEL_GROWTH and own is not None and own < KERNEL_GROWTH and (hb or 0) < HOST_SYNC_SUPPORTED_PCT \
+            and (iw or 0) < INPUT_MIN_PCT:
+        return _check(SUPPORTED, where + f": the time is lost outside its own work, waiting on the device, as "
+                                         f"{what} makes it (CPU-only trace: the kernels themselves are not visible)",
+                      numbers, list(_KERNELS), r["rank"])
+    return _check(INCONCLUSIVE, where + (f"; host-blocking share +{hb:.1f} points" if hb else "")
+                  + (f"; data-loader share +{iw:.1f} points" if iw else "")
+                  + ": not clearly lost outside its own work", numbers, list(_KERNELS), r["rank"])
+
+
 def regressions(ev: list[dict], baseline: list[dict] | None) -> list[dict[str, Any]]:
     """The largest increases per operator/kernel against the baseline, per rank (same unit only)."""
     out = []
@@ -204,11 +268,17 @@ def judge(reason: dict | None, evidence: list[dict], trace_kind: str | None,
     cpu_only = trace_kind == "cpu_only"
     base_ev = baseline["evidence"] if baseline else None
     regs = regressions(evidence, base_ev)
+
+    def device(what: str) -> dict[str, Any]:
+        if cpu_only and base_ev and baseline.get("peer"):   # a serving replica against its peer, same window
+            return _outside_own_work(evidence, base_ev, what)
+        return _kernels(evidence, base_ev, cpu_only, what)
+
     checks = {
         "host_sync": _host_sync(evidence, base_ev, cpu_only),
         "input_starvation": _input(evidence, base_ev, cpu_only),
-        "noisy_neighbor": _kernels(evidence, base_ev, cpu_only, "a noisy neighbour (our kernels slowed by another's)"),
-        "device_slowdown": _kernels(evidence, base_ev, cpu_only, "a device slowdown"),
+        "noisy_neighbor": device("a noisy neighbour (our kernels slowed by another's)"),
+        "device_slowdown": device("a device slowdown"),
         "unclassified": _unclassified(regs, base_ev),
     }
     if diagnosis in checks:

@@ -80,6 +80,9 @@ class AnalysisJobSpec:
     #: file:// archive (one node): its host folder, mounted at the same path; the Job then runs as
     #: uid 0 (no capabilities), the owner of what the node agent wrote there.
     host_archive_dir: str | None = None
+    #: a Dask scheduler (the chart's dask.enabled): the Job is then only the driver (submits ranks,
+    #: reduces their summaries); the ranks are analysed on that cluster's workers.
+    scheduler: str | None = None
 
 
 def _dns(text: str) -> str:
@@ -117,6 +120,8 @@ def analysis_job(spec: AnalysisJobSpec, manifest_uri: str, capture_id: str) -> d
     args = ["analyze", manifest_uri]
     if spec.s3_endpoint:
         args += ["--s3-endpoint", spec.s3_endpoint]
+    if spec.scheduler:
+        args += ["--scheduler", spec.scheduler]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,

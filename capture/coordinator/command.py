@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--discovery", choices=["local", "kubernetes"], required=True)
     a("--registry-dir", type=Path, help="registration records (--discovery local)")
     a("--selector", help="label selector of the job's pods (--discovery kubernetes)")
+    a("--serving", action="store_true",
+      help="the job is a serving workload revision: its pods are replicas, each its own world; captures may name "
+           "pods or take N replicas (docs/kubernetes.md, 'Serving workloads')")
     a("--kubeconfig", help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
     agent = parser.add_mutually_exclusive_group(required=True)
     agent.add_argument("--agent-url", help="one agent for every target (embedded mode)")
@@ -74,6 +77,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="--analysis job: a label on the Job and its pod (repeatable; the operator passes the job's)")
     a("--analysis-timeout-s", type=float, default=1800.0, help="bound on one analysis (a Job's activeDeadlineSeconds is this + 60)")
     a("--analysis-ttl-s", type=int, default=3600, help="--analysis job: ttlSecondsAfterFinished")
+    a("--analysis-scheduler", metavar="tcp://HOST:PORT",
+      help="--analysis job: the Job submits each rank to this Dask scheduler (`gpulens analyze --scheduler`; "
+           "the chart's dask.enabled) instead of a local cluster inside the Job")
     a("--coordinator-name", help="the CaptureCoordinator this coordinator serves (owner of its analysis Jobs)")
     a("--coordinator-uid", help="its metadata.uid (with --coordinator-name)")
     a("--state-dir", type=Path, help="keep a copy of each finished capture's status here")
@@ -130,12 +136,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         client = AgentClient(session, agent_token)
         if args.discovery == "local":
             discovery = LocalDiscovery(args.registry_dir, job_id=args.job, attempt=args.attempt,
-                                       namespace=args.namespace, agents=agents)
+                                       namespace=args.namespace, agents=agents, serving=args.serving)
         else:
             from .kube_discovery import KubernetesDiscovery
             discovery = KubernetesDiscovery(api_client, namespace=args.namespace,
                                             selector=args.selector, job_id=args.job, attempt=args.attempt,
-                                            agents=agents, agent_client=client)
+                                            agents=agents, agent_client=client, serving=args.serving)
         sink = None
         if args.grafana_url:
             # Annotations are a side effect: a missing token is a visible annotation failure
@@ -148,6 +154,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             sink = FileSink(args.annotations_file)
         settings = CoordinatorSettings(
             job_id=args.job, attempt=args.attempt, namespace=args.namespace, archive_root=args.archive_root,
+            serving=args.serving,
             s3_endpoint=args.s3_endpoint, report_base_url=args.report_base_url, state_dir=args.state_dir,
             max_captures=args.max_captures, baseline_after_s=args.baseline_after_s,
             baseline_duration_ms=args.baseline_duration_ms, budget_mb=args.budget_mb,
@@ -193,7 +200,8 @@ def analysis_for(args: argparse.Namespace, api_client=None):
                                service_account=args.analysis_service_account,
                                env_from_secret=args.analysis_env_from_secret, resources=args.analysis_resources,
                                labels=dict(args.analysis_label), owner=owner, timeout_s=args.analysis_timeout_s,
-                               ttl_s=args.analysis_ttl_s, host_archive_dir=host_dir(args.archive_root))
+                               ttl_s=args.analysis_ttl_s, host_archive_dir=host_dir(args.archive_root),
+                               scheduler=args.analysis_scheduler)
         return AnalysisJobRunner(api_client if api_client is not None else _api_client(args.kubeconfig), spec)
     return None
 
@@ -209,6 +217,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--analysis job needs --analysis-image"
     if bool(args.coordinator_name) != bool(args.coordinator_uid):
         return "give --coordinator-name and --coordinator-uid together"
+    if args.analysis_scheduler and not args.analysis_scheduler.startswith(("tcp://", "tls://")):
+        return "--analysis-scheduler must be tcp://HOST:PORT or tls://HOST:PORT"
     if args.analysis_timeout_s <= 0 or args.analysis_ttl_s < 0:
         return "--analysis-timeout-s must be > 0 and --analysis-ttl-s >= 0"
     if not args.archive_root.startswith(("file://", "s3://")):

@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 from capture.models import RegistrationRecord
 from gpulens.logs import get_logger
 
-from .targets import PodFacts, Snapshot, expand
+from .targets import PodFacts, Snapshot, expand, expand_replicas
 
 __all__ = ["Discovery", "DiscoveryError", "LocalDiscovery", "AgentUrls", "read_records"]
 
@@ -76,8 +76,10 @@ class LocalDiscovery:
     missing worker. Workers of one pod share (namespace, pod uid or pod name)."""
 
     def __init__(self, registry_dir: Path, *, job_id: str, attempt: int, namespace: str | None,
-                 agents: AgentUrls, is_alive: Callable[[RegistrationRecord], bool] | None = None):
+                 agents: AgentUrls, is_alive: Callable[[RegistrationRecord], bool] | None = None,
+                 serving: bool = False):
         self.registry_dir, self.job_id, self.attempt, self.namespace = Path(registry_dir), job_id, attempt, namespace
+        self.serving = serving   # a serving revision: replicas, each its own world (targets.expand_replicas)
         self.agents = agents
         self.is_alive = is_alive
 
@@ -107,6 +109,9 @@ class LocalDiscovery:
                 local_world_size=max(r.local_world_size for r in recs),
                 base_rank=first.base_rank, agent_url=self.agents.for_node(first.node),
                 registered_local_ranks=frozenset(r.local_rank for r in recs)))
+        if self.serving:
+            targets, warnings = expand_replicas(facts)
+            return Snapshot(targets, None, "local", warnings=warnings + tuple(problems))
         world_size = max(r.world_size for r in records)
         targets, warnings = expand(facts, world_size)
         return Snapshot(targets, world_size, "local", warnings=warnings + tuple(problems))

@@ -53,7 +53,7 @@ def dispatch_for(record: CaptureRecord, p: TargetProgress) -> Dispatch:
                     local_rank=t.local_rank, pod=t.pod or None, pod_uid=t.pod_uid or None,
                     requested_at=record.requested_at, options=r.options, iterations=r.iterations,
                     iteration_roundup=roundup, start_iteration=record.start_iteration if r.iterations else None,
-                    budget=record.budget.budget if record.budget else None)
+                    budget=record.budget.budget if record.budget else None, worker_rank=t.worker_rank)
 
 
 _OVERDUE = {

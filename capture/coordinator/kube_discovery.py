@@ -19,7 +19,7 @@ from gpulens.logs import get_logger
 
 from .agents import AgentClient, AgentError
 from .discovery import AgentUrls, DiscoveryError
-from .targets import PodFacts, Snapshot, expand
+from .targets import PodFacts, Snapshot, expand, expand_replicas
 
 __all__ = ["KubernetesDiscovery", "base_rank_from_pod", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "BASE_RANK"]
 
@@ -62,8 +62,10 @@ def _live(pod: Mapping[str, Any]) -> bool:
 
 class KubernetesDiscovery:
     def __init__(self, api_client, *, namespace: str, selector: str, job_id: str, attempt: int,
-                 agents: AgentUrls, agent_client: AgentClient | None = None, workers_timeout_s: float = 5.0):
+                 agents: AgentUrls, agent_client: AgentClient | None = None, workers_timeout_s: float = 5.0,
+                 serving: bool = False):
         self.api_client, self.namespace, self.selector = api_client, namespace, selector
+        self.serving = serving   # a serving revision: replicas, each its own world (targets.expand_replicas)
         self.job_id, self.attempt, self.agents = job_id, attempt, agents
         self.agent_client, self.workers_timeout_s = agent_client, workers_timeout_s
 
@@ -131,6 +133,9 @@ class KubernetesDiscovery:
             facts.append(PodFacts(pod=name, node=spec.get("nodeName") or "", pod_uid=uid, local_world_size=lws,
                                   base_rank=base, agent_url=url, registered_local_ranks=registered,
                                   unregistered_note=f"{name}'s agent lists no live registration for this worker"))
+        if self.serving:
+            targets, more = expand_replicas(facts)
+            return Snapshot(targets, None, "kubernetes", warnings=tuple(warnings) + more)
         world_size = max(world_sizes) if world_sizes else None
         targets, more = expand(facts, world_size)
         return Snapshot(targets, world_size, "kubernetes", warnings=tuple(warnings) + more)

@@ -33,6 +33,7 @@ from .fanout import AgentWorker, FanoutSettings
 from .manifests import build_manifest, capture_prefix, check_artifacts, write_manifest
 from .metrics import CoordinatorMetrics
 from .progress import CaptureRecord, Phase
+from .selection import SelectionError, select_replicas
 from .start_iteration import StartPlan, plan_start
 
 __all__ = ["CoordinatorSettings", "Coordinator", "CaptureBusy", "RequestMismatch"]
@@ -71,6 +72,7 @@ class CoordinatorSettings:
     baseline_after_s: float = 0.0        # > 0: one healthy baseline capture once the job ran this long
     baseline_duration_ms: int = 3000
     budget_mb: int = DEFAULT_BUDGET_MB     # issue 27: per rank, for requests that name none (budget.py)
+    serving: bool = False                  # issue 30: a serving revision (replicas; selection.py)
 
 
 class Coordinator:
@@ -118,6 +120,14 @@ class Coordinator:
         if request.attempt is not None and request.attempt != s.attempt:
             raise RequestMismatch("attempt", f"this coordinator serves attempt {s.attempt}, not {request.attempt}",
                                   conflict=True)
+        if request.selects_pods and not s.serving:
+            raise RequestMismatch("pods", "pods, peers and replicas select replicas of a serving workload; "
+                                          f"job {s.job_id!r} is a training job, whose captures take every rank")
+        if s.serving and request.iterations:
+            raise RequestMismatch("iterations", "a serving workload has no optimizer steps: ask for a wall-clock "
+                                                "window (duration_ms) instead of iterations")
+        if request.pods and request.replicas is not None:
+            raise RequestMismatch("replicas", "name pods (with peers) or ask for a number of replicas, not both")
         if request.capture_id and request.capture_id in self.captures:
             return self.captures[request.capture_id], False
         active = self.active()
@@ -227,6 +237,13 @@ class Coordinator:
                 clog.error("capture.prepare_failed", error=str(exc))
                 record.set_phase(Phase.FAILED, f"discovery: {exc}")
                 return
+            if self.settings.serving:
+                try:
+                    snapshot = select_replicas(snapshot, record.request)
+                except SelectionError as exc:
+                    clog.error("capture.prepare_failed", error=str(exc))
+                    record.set_phase(Phase.FAILED, f"selection: {exc}")
+                    return
             record.freeze(snapshot)
             for w in snapshot.warnings:
                 clog.warning("discovery.warning", detail=w)

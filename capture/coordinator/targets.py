@@ -13,7 +13,7 @@ from typing import Iterable
 
 from capture.models import target_id_for_rank
 
-__all__ = ["Target", "PodFacts", "Snapshot", "expand"]
+__all__ = ["Target", "PodFacts", "Snapshot", "expand", "expand_replicas"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Target:
     agent_url: str | None = None
     registered: bool = True
     note: str = ""          # why a target is not registered, or how its rank was inferred
+    worker_rank: int | None = None   # serving: the rank the worker registered (its replica's own); None: `rank`
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,19 @@ def expand(pods: Iterable[PodFacts], world_size: int | None = None) -> tuple[tup
         if beyond:
             warnings.append(f"ranks {sorted(beyond)} are beyond the recorded world size {world_size}")
     return tuple(by_rank[r] for r in sorted(by_rank)), tuple(warnings)
+
+
+def expand_replicas(pods: Iterable[PodFacts]) -> tuple[tuple[Target, ...], tuple[str, ...]]:
+    """Targets of a serving revision: each pod is a replica with its own world (its workers say
+    ranks 0..N-1, as every replica's do), so the capture numbers them apart, replica after
+    replica in pod-name order, and keeps each worker's own rank (`worker_rank`) for its agent.
+    """
+    out: list[Target] = []
+    offset = 0
+    for pod in sorted(pods, key=lambda p: p.pod):
+        base = pod.base_rank or 0
+        for t in _targets_of(pod, offset, inferred=False):
+            out.append(Target(t.target_id, t.rank, t.local_rank, t.pod, t.node, t.pod_uid, t.agent_url,
+                              t.registered, t.note, worker_rank=base + t.local_rank))
+        offset += pod.local_world_size
+    return tuple(out), ()

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Alert", "PayloadError", "parse_payload", "AUTO_LABEL", "JOB_LABEL"]
+__all__ = ["Alert", "PayloadError", "parse_payload", "AUTO_LABEL", "JOB_LABEL", "WORKLOAD_LABEL"]
 
 AUTO_LABEL = "gpulens_capture"   # "auto": this alert asks for a capture
 JOB_LABEL = "gpulens_job"        # the job id (GPULENS_JOB_ID); absent: route by namespace/pod
+WORKLOAD_LABEL = "gpulens_workload"   # "Deployment/<name>", "job/<id>", ...: a serving kind makes replica captures
 
 
 class PayloadError(ValueError):

@@ -44,6 +44,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--duration-ms", type=int, default=None,
       help="window of alert-started captures (default 2000), or with --iterations the most time they may take "
            "(default 30000)")
+    a("--serving-peers", type=int, default=1, metavar="N",
+      help="alerts on a serving workload (gpulens_workload Deployment/..., StatefulSet/..., LeaderWorkerSet/...): "
+           "capture the alerted pod plus N healthy replicas of its revision to compare with (0..16)")
+    a("--serving-duration-ms", type=int, default=2000, help="wall-clock window of serving captures started by alerts")
     a("--activities", help="comma list of Kineto activity types for alert-started captures "
                            "(default: CPU ops plus the GPU timeline: kernels, copies, runtime calls)")
     a("--state-dir", type=Path, help="persist handled alert episodes here (repeats stay repeats after a restart)")
@@ -78,7 +82,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             return CaptureApi(session, url, coordinator_token.read(), timeout_s=5.0)
         gateway = Gateway(GatewaySettings(cooldown_s=args.cooldown_s, duration_ms=args.duration_ms,
                                           activities=activities, iterations=args.iterations,
-                                          iteration_roundup=args.iteration_roundup), router, ledger, api_for)
+                                          iteration_roundup=args.iteration_roundup,
+                                          serving_peers=args.serving_peers,
+                                          serving_duration_ms=args.serving_duration_ms), router, ledger, api_for)
         runner = web.AppRunner(make_app(gateway, credentials, api_for), access_log=None)
         await runner.setup()
         host, port = args.listen
@@ -105,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.iterations <= 10_000 or (args.iteration_roundup is not None and not 1 <= args.iteration_roundup <= 1_000_000):
         print("gpulens gateway: --iterations takes 0..10000 (0: wall-clock windows), --iteration-roundup 1..1000000",
               file=sys.stderr)
+        return 2
+    if not 0 <= args.serving_peers <= 16 or not 100 <= args.serving_duration_ms <= 600_000:
+        print("gpulens gateway: --serving-peers takes 0..16, --serving-duration-ms 100..600000", file=sys.stderr)
         return 2
     if args.duration_ms is None:
         args.duration_ms = ALERT_ITERATIONS_BOUND_MS if args.iterations else 2000

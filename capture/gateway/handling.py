@@ -23,9 +23,9 @@ from capture.models import CaptureReason, CaptureRequest, new_capture_id
 from capture.schemas import SchemaError
 from gpulens.logs import get_logger
 
-from .alertmanager import JOB_LABEL, Alert
+from .alertmanager import JOB_LABEL, WORKLOAD_LABEL, Alert
 from .ledger import AlertEntry, CaptureEntry, Ledger
-from .routing import Route, Router, Unroutable
+from .routing import Route, Router, Unroutable, deployment_revision, serving_kind
 
 __all__ = ["ALERT_ACTIVITIES", "GatewaySettings", "Outcome", "Gateway"]
 
@@ -51,6 +51,10 @@ class GatewaySettings:
     activities: tuple[str, ...] = ALERT_ACTIVITIES
     iterations: int = 0
     iteration_roundup: int | None = None   # None: the coordinator's default
+    # Serving workloads (alert label gpulens_workload="Deployment/...", StatefulSet, LeaderWorkerSet):
+    # a wall-clock window of the alerted pod plus this many healthy peers of its revision.
+    serving_peers: int = 1
+    serving_duration_ms: int = 2000
 
 
 @dataclass
@@ -88,8 +92,9 @@ class Gateway:
         if not alert.wants_capture:
             return Outcome(alert.fingerprint, alert.starts_at, "ignored", detail="no gpulens_capture=\"auto\" label")
         try:
-            route = self.router.resolve(alert.labels.get("namespace"), alert.labels.get(JOB_LABEL),
-                                        alert.labels.get("pod"))
+            job = alert.labels.get(JOB_LABEL) or deployment_revision(alert.labels.get(WORKLOAD_LABEL),
+                                                                     alert.labels.get("pod"))
+            route = self.router.resolve(alert.labels.get("namespace"), job, alert.labels.get("pod"))
         except Unroutable as exc:
             log.warning("alert.unroutable", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"),
                         detail=str(exc))
@@ -106,6 +111,14 @@ class Gateway:
                                                  if v) or None,
                                text=(alert.annotations.get("summary") or None) and alert.annotations["summary"][:2000])
         s = self.settings
+        if serving_kind(alert.labels.get(WORKLOAD_LABEL)):
+            # Replicas have no optimizer steps: a wall-clock window of the pod the alert is about
+            # plus healthy peers to compare it with (a workload-wide alert: that many replicas).
+            pod = alert.labels.get("pod")
+            return CaptureRequest(job_id="", duration_ms=s.serving_duration_ms, activities=s.activities,
+                                  reason=reason, requested_by="alertmanager", capture_id=capture_id,
+                                  pods=(pod,) if pod else (), peers=s.serving_peers if pod else None,
+                                  replicas=None if pod else s.serving_peers + 1).to_dict()
         return CaptureRequest(job_id="", duration_ms=s.duration_ms, activities=s.activities, reason=reason,
                               requested_by="alertmanager", capture_id=capture_id, iterations=s.iterations or None,
                               iteration_roundup=s.iteration_roundup if s.iterations else None).to_dict()
@@ -195,7 +208,10 @@ class Gateway:
 
     # --- people and scripts ------------------------------------------------------------------
 
-    async def manual(self, body: Any, namespace: str | None, pod: str | None = None) -> tuple[int, dict[str, Any]]:
+    async def manual(self, body: Any, namespace: str | None, pod: str | None = None,
+                     workload: str | None = None) -> tuple[int, dict[str, Any]]:
+        """A person's capture. Serving workloads: the body names `pods` (with `peers`) or asks for
+        `replicas`; without a job_id, `workload=Deployment/<name>` and a named pod find the revision."""
         if not isinstance(body, dict):
             return 400, {"error": "the body must be a capture request object", "field": ""}
         known = sorted(self.router.routes())  # lets a client list the jobs it could have meant
@@ -203,8 +219,20 @@ class Gateway:
             return 400, {"error": "the gateway routes by namespace and none was given (query parameter namespace)",
                          "field": "namespace", "known_jobs": known}
         body = dict(body)
+        if workload is not None and not serving_kind(workload):
+            return 400, {"error": f"workload must be Deployment/NAME, StatefulSet/NAME or LeaderWorkerSet/NAME, "
+                                  f"not {workload[:100]!r}", "field": "workload"}
+        job = body.get("job_id")
+        if not job and workload:
+            named = body.get("pods") if isinstance(body.get("pods"), list) else []
+            first = pod or next((p for p in named if isinstance(p, str)), None)
+            job = deployment_revision(workload, first)
+            if not job and not pod:
+                return 400, {"error": f"no revision of {workload} can be told from {first!r}: give job_id "
+                                      "(the revision's, e.g. <deployment>-<pod-template-hash>) or a pod of it",
+                             "field": "job_id", "known_jobs": known}
         try:
-            route = self.router.resolve(namespace, body.get("job_id"), pod)
+            route = self.router.resolve(namespace, job, pod)
         except Unroutable as exc:
             return 404, {"error": str(exc), "field": "pod" if pod and not body.get("job_id") else "job_id",
                          "known_jobs": known}

@@ -14,7 +14,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Route", "Router", "Unroutable", "parse_route"]
+__all__ = ["Route", "Router", "Unroutable", "parse_route", "SERVING_KINDS", "serving_kind", "deployment_revision"]
+
+#: Workload kinds (the exporter's `gpulens_workload="<Kind>/<name>"`) whose pods are replicas:
+#: captures take the alerted pod and peers, in wall-clock windows (capture/operator/labels.py).
+SERVING_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 
 
 class Unroutable(Exception):
@@ -39,6 +43,26 @@ def parse_route(text: str) -> tuple[str, str]:
     if not sep or not slash or not ns or not job or not url.startswith(("http://", "https://")):
         raise ValueError(f"a route is NAMESPACE/JOB=http(s)://HOST:PORT, not {text!r}")
     return f"{ns}/{job}", url.rstrip("/")
+
+
+def serving_kind(workload: str | None) -> str | None:
+    """`Deployment` for `Deployment/web` (a serving workload), else None (a training job, a bare pod)."""
+    kind, slash, name = (workload or "").partition("/")
+    return kind if slash and name and kind in SERVING_KINDS else None
+
+
+def deployment_revision(workload: str | None, pod: str | None) -> str | None:
+    """The revision job id of a Deployment's pod, from names alone: the ReplicaSet controller names
+    pods `<deployment>-<pod-template-hash>-<5 characters>`, and the operator names the revision's
+    job after the ReplicaSet (`<deployment>-<pod-template-hash>`). None when the names do not say it."""
+    kind, _, name = (workload or "").partition("/")
+    if kind != "Deployment" or not name or not pod or not pod.startswith(f"{name}-"):
+        return None
+    rs, dash, suffix = pod.rpartition("-")
+    template_hash = rs[len(name) + 1:]
+    if not dash or not suffix or not template_hash or "-" in template_hash or not template_hash.isalnum():
+        return None
+    return rs
 
 
 def _service_name(job: str) -> str:

@@ -65,7 +65,7 @@ async def alertmanager(request: web.Request) -> web.Response:
 async def start_capture(request: web.Request) -> web.Response:
     try:
         status, body = await request.app[GATEWAY].manual(await _json(request), request.query.get("namespace"),
-                                                         request.query.get("pod"))
+                                                         request.query.get("pod"), request.query.get("workload"))
     except OSError as exc:
         return web.json_response({"error": f"state not writable: {exc}"}, status=503)
     return web.json_response(body, status=status)

@@ -28,6 +28,12 @@ class Dispatch:
     iteration_roundup: int | None = None   # ... starting at a multiple of this, the same for every rank
     start_iteration: int | None = None     # ... or at exactly this Kineto iteration (round-up 1), chosen by the coordinator
     budget: TraceBudget | None = None      # issue 27: bytes this rank's trace may take (the agent checks its disk)
+    worker_rank: int | None = None         # issue 30: the worker's registered rank when `rank` is a serving capture's number
+
+    @property
+    def registered_rank(self) -> int:
+        """The rank to find the worker's registration record by."""
+        return self.rank if self.worker_rank is None else self.worker_rank
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Dispatch":

@@ -49,6 +49,14 @@ class Artifact:
     # issue 27: {budget, estimate, uncompressed, stored, encoding, gpu_buffer_mb, stopped_early}; `size`
     # and `sha256` are of the stored bytes (gzip for .json.gz), what analysis fetches and checks
     sizes: dict[str, Any] | None = None
+    # issue 30: a serving capture numbers replicas apart in `rank`; this is the worker's own rank
+    # (what its trace's distributedInfo.rank says). None: `rank` is the worker's own.
+    worker_rank: int | None = None
+
+    @property
+    def own_rank(self) -> int:
+        """The rank the worker itself reports (its trace's distributedInfo.rank)."""
+        return self.rank if self.worker_rank is None else self.worker_rank
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Artifact":
@@ -57,7 +65,7 @@ class Artifact:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("event_count", "iterations", "sizes"):
+        for key in ("event_count", "iterations", "sizes", "worker_rank"):
             if d[key] is None:
                 del d[key]
         return d

@@ -56,6 +56,14 @@ class CaptureRequest:
     iteration_roundup: int | None = None   # None: the coordinator's DEFAULT_ROUNDUP
     baseline: bool = False   # a healthy reference capture of the job: later reports compare with it
     budget_mb: int | None = None   # issue 27: uncompressed trace MiB per rank (None: the coordinator's default)
+    # Serving workloads (issue 30): which replicas of the revision; all empty: every replica.
+    pods: tuple[str, ...] = ()     # these pods (an alert's pod) ...
+    peers: int | None = None       # ... plus this many other replicas, for comparison
+    replicas: int | None = None    # or, naming none: this many replicas
+
+    @property
+    def selects_pods(self) -> bool:
+        return bool(self.pods) or self.peers is not None or self.replicas is not None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CaptureRequest":
@@ -73,6 +81,9 @@ class CaptureRequest:
             iteration_roundup=data.get("iteration_roundup"),
             baseline=data.get("baseline", False),
             budget_mb=data.get("budget_mb"),
+            pods=tuple(data.get("pods") or ()),
+            peers=data.get("peers"),
+            replicas=data.get("replicas"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,4 +107,10 @@ class CaptureRequest:
             out["baseline"] = True
         if self.budget_mb is not None:
             out["budget_mb"] = self.budget_mb
+        if self.pods:
+            out["pods"] = list(self.pods)
+        if self.peers is not None:
+            out["peers"] = self.peers
+        if self.replicas is not None:
+            out["replicas"] = self.replicas
         return out

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from . import labels as L
 from .config import ArmingConfig
-from .jobs import attempt_of_pod, job_of_pod
+from .jobs import attempt_of_pod, job_of_pod, serving_of_pod
 from .launcher import local_world_size
 
 __all__ = ["ArmingResult", "arm_pod", "armed_pod", "HOOK_VOLUME", "INIT_CONTAINER"]
@@ -112,12 +112,17 @@ def _arm_container(container: dict[str, Any], cfg: ArmingConfig, warnings: list[
 
 
 def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: str,
-              attempt: int | None = None) -> tuple[dict[str, Any] | None, ArmingResult]:
+              attempt: int | None = None, serving: bool = False) -> tuple[dict[str, Any] | None, ArmingResult]:
     """The armed copy of `pod` (None when it is left alone) and the reason, warnings and job id.
 
     `attempt` is the number the webhook read from the pod's batch Job (job_attempts.py); a
     `gpulens.dev/attempt` label on the pod still wins, and without either the pod's own labels
     decide (`jobs.attempt_of_pod`).
+
+    A serving pod (Deployment, StatefulSet, LeaderWorkerSet: `jobs.serving_of_pod`) is armed when
+    its namespace opted in to serving (`serving`, the webhook's serving entry) or its workload did
+    (`gpulens.dev/arm=true` on the pod template); it gets its revision's job id and
+    `gpulens.dev/serving=<Kind>`.
     """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -131,6 +136,12 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: 
     if any(v.get("name") == HOOK_VOLUME for v in spec.get("volumes") or []):
         return None, ArmingResult(reason="already armed")
     job = job_of_pod(pod, namespace)
+    if job is None:
+        job = serving_of_pod(pod, namespace)
+        if job is not None and not (serving or labels.get(L.ARM_OPT_OUT) == L.ARM_OPT_IN):
+            return None, ArmingResult(reason=f"a {job.kind} pod, and neither its namespace ({L.NAMESPACE_SERVING}="
+                                             f"enabled) nor its workload ({L.ARM_OPT_OUT}=true) opted in to serving",
+                                      job_id=job.job_id)
     if job is None:
         return None, ArmingResult(reason="not part of a job")
     containers = spec.get("containers") or []
@@ -151,6 +162,8 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: 
     lbl = m.setdefault("labels", {})
     lbl[L.ARMED] = "true"
     lbl.setdefault(L.JOB, job.job_id if L.is_label_value(job.job_id) else L.dns_name(job.job_id))
+    if job.serving:
+        lbl[L.SERVING] = job.kind
     lbl.setdefault(L.ATTEMPT, str(attempt_of_pod(pod) if attempt is None else attempt))
     ann = m.setdefault("annotations", {})
     if L.LOCAL_WORLD_SIZE not in ann:
@@ -171,13 +184,13 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: 
 
 
 def arm_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: str,
-            attempt: int | None = None) -> ArmingResult:
+            attempt: int | None = None, serving: bool = False) -> ArmingResult:
     """The JSON Patch that arms `pod` (empty when it must be left alone).
 
     Whole members are replaced with `add` (which also creates absent ones), so the patch applies
     cleanly whatever other webhooks did before us.
     """
-    new, result = armed_pod(pod, namespace, cfg, image, attempt)
+    new, result = armed_pod(pod, namespace, cfg, image, attempt, serving)
     if new is None:
         return result
     ops: list[dict[str, Any]] = []

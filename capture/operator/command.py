@@ -69,7 +69,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         raise ValueError("--tls-cert and --tls-key go together")
     host, port = _host_port(args.listen)
     app = make_app(cfg.arming if args.tls_cert else None, cfg.hook_image,
-                   _attempt_reader(args.kubeconfig) if args.tls_cert else None)
+                   _attempt_reader(args.kubeconfig) if args.tls_cert else None, own_namespace=cfg.namespace)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     ssl_ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None

@@ -46,6 +46,7 @@ class CoordinatorConfig:
     analysis_resources: Mapping[str, Any] = field(default_factory=dict)
     analysis_timeout_s: float = 1800.0
     analysis_ttl_s: int = 3600
+    analysis_scheduler: str = ""                 # tcp://...: analysis Jobs submit ranks to this Dask cluster
     cluster_role: str = "gpulens-coordinator"
     service_account_annotations: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, Any] = field(default_factory=dict)

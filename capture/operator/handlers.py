@@ -35,11 +35,16 @@ RETRY_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 
 async def _retrying(what: str, fn: Callable[..., Any], *args: Any,
                     backoff: tuple[float, ...] = RETRY_BACKOFF_S) -> Any:
-    """Run the blocking `fn(*args)` in a thread; on KubeError, again after each backoff step."""
+    """Run the blocking `fn(*args)` in a thread; on KubeError, again after each backoff step
+    (not when the namespace is being deleted: every retry would be refused the same way)."""
     for attempt, delay in enumerate((*backoff, None)):
         try:
             return await asyncio.to_thread(fn, *args)
         except KubeError as exc:
+            if exc.namespace_terminating:
+                # The namespace is being deleted with everything in it: nothing to bring back.
+                log.info("event.dropped", what=what, reason="namespace terminating", attempts=attempt + 1)
+                return None
             if delay is None:
                 log.warning("event.gave_up", what=what, attempts=attempt + 1, reason=str(exc),
                             effect="the next resync retries")

@@ -24,14 +24,51 @@ MERGE_PATCH = "application/merge-patch+json"   # the client would send a dict as
 _PLURALS = {"Job": "jobs", "JobSet": "jobsets", "PyTorchJob": "pytorchjobs"}
 
 
+#: The cause Kubernetes' NamespaceLifecycle admission puts on its 403 for new objects in a
+#: namespace being deleted (k8s.io/api/core/v1 NamespaceTerminatingCause).
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+
+
 class KubeError(RuntimeError):
-    """An API call failed in a way that retrying later may fix (403, 5xx, connection refused)."""
+    """An API call failed in a way that retrying later may fix (403, 5xx, connection refused).
+
+    Carries the API server's own Status message (why a 422 was invalid, which namespace is
+    terminating): without it a log says "422 Unprocessable Entity" and nobody can tell why.
+    """
 
     def __init__(self, action: str, exc: Exception):
         status = getattr(exc, "status", None)
         reason = getattr(exc, "reason", None) or type(exc).__name__
-        super().__init__(f"{action}: {status or ''} {reason}".strip())
+        self.message, self.causes = _api_status(getattr(exc, "body", None))
+        text = f"{action}: " + " ".join(str(part) for part in (status, reason) if part)
+        super().__init__(f"{text}: {self.message}" if self.message else text)
         self.status = status
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """The call created something in a namespace that is being deleted: no retry can help."""
+        return self.status == 403 and (NAMESPACE_TERMINATING in self.causes
+                                       or "because it is being terminated" in self.message)
+
+
+def _api_status(body: Any) -> tuple[str, tuple[str, ...]]:
+    """The message and cause types of a `metav1.Status` body; ("", ()) for anything else."""
+    if isinstance(body, (bytes, bytearray)):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str) or not body:
+        return "", ()
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return "", ()
+    if not isinstance(status, dict):
+        return "", ()
+    message = status.get("message")
+    causes = ((status.get("details") or {}) if isinstance(status.get("details"), dict) else {}).get("causes")
+    # metav1.StatusCause's type travels under the JSON key "reason".
+    kinds = tuple(str(c.get("reason")) for c in causes if isinstance(c, dict) and c.get("reason")) \
+        if isinstance(causes, list) else ()
+    return (" ".join(message.split())[:400] if isinstance(message, str) else ""), kinds
 
 
 def _json(resp: Any) -> Any:

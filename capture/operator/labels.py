@@ -25,10 +25,14 @@ LOCAL_WORLD_SIZE = "gpulens.dev/local-world-size"   # annotation: worker process
 WORLD_SIZE = "gpulens.dev/world-size"               # annotation: worker processes in the job (optional)
 BASE_RANK = "gpulens.dev/base-rank"                 # annotation: global rank of the pod's local rank 0 (optional)
 CONTAINERS = "gpulens.dev/containers"               # annotation: comma list of containers to arm (default: the first)
+SERVING = "gpulens.dev/serving"                     # set by the webhook on serving pods: Deployment, StatefulSet or LeaderWorkerSet
+ARM_OPT_IN = "true"                                 # gpulens.dev/arm=true on a serving pod template: arm this workload
 
 # On namespaces: the webhook only runs where this is set (opt-in per namespace).
 NAMESPACE_ARMING = "gpulens.dev/arming"
 NAMESPACE_ARMING_VALUE = "enabled"
+# On namespaces: also arm every serving workload's pods here (a second webhook entry selects it).
+NAMESPACE_SERVING = "gpulens.dev/serving"
 
 # On objects the operator creates.
 COMPONENT = "app.kubernetes.io/component"
@@ -44,6 +48,11 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_RESTART = "jobset.sigs.k8s.io/restart-attempt"
 PYTORCHJOB_NAME = "training.kubeflow.org/job-name"
+POD_TEMPLATE_HASH = "pod-template-hash"             # Deployment -> ReplicaSet -> pods: the revision
+CONTROLLER_REVISION_HASH = "controller-revision-hash"   # StatefulSet pods: the ControllerRevision's name
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_REVISION = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+SERVING_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 
 _LABEL_VALUE = re.compile(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _DNS_INVALID = re.compile(r"[^a-z0-9-]+")

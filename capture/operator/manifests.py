@@ -112,6 +112,8 @@ def coordinator_args(cc: Mapping[str, Any], config: OperatorConfig) -> list[str]
         args += ["--s3-endpoint", spec["archive"]["s3Endpoint"]]
     if (spec.get("grafana") or {}).get("url"):
         args += ["--grafana-url", spec["grafana"]["url"], "--grafana-token-file", f"{TOKENS_MOUNT}/grafana"]
+    if (spec.get("job") or {}).get("groupedBy") in L.SERVING_KINDS:
+        args += ["--serving"]   # replicas, not ranks of one world: each pod's workers are its own ranks
     if c.analysis == "job":
         args += analysis_job_args(cc, config)
     return args
@@ -134,6 +136,8 @@ def analysis_job_args(cc: Mapping[str, Any], config: OperatorConfig) -> list[str
         args += ["--analysis-image-pull-secret", secret]
     if spec["archive"].get("secretName"):
         args += ["--analysis-env-from-secret", names["archive"]]
+    if c.analysis_scheduler:
+        args += ["--analysis-scheduler", c.analysis_scheduler]
     if c.analysis_resources:
         args += ["--analysis-resources", json.dumps(dict(c.analysis_resources), sort_keys=True, separators=(",", ":"))]
     labels = _labels(spec["jobId"], spec["attempt"], None)

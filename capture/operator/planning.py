@@ -123,7 +123,10 @@ def coordinator_status(cc: Mapping[str, Any], pod: Mapping[str, Any] | None, con
     return {
         "phase": phase,
         "endpoint": endpoint_of(cc, config),
-        "podName": (pod or {}).get("metadata", {}).get("name", ""),
+        # None, not "": the status goes out as a JSON merge patch, where null removes the field,
+        # and Kubernetes 1.20 stores a merge-patched "" as null, which the CRD's string schema
+        # refuses (422: every status update of a coordinator whose Pod was gone failed).
+        "podName": (pod or {}).get("metadata", {}).get("name") or None,
         "observedGeneration": cc["metadata"].get("generation", 0),
         "conditions": [{"type": "Ready", "status": status, "reason": reason,
                         "message": f"coordinator pod {phase.lower()}", "lastTransitionTime": stamp}],

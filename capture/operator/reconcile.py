@@ -15,7 +15,7 @@ from gpulens.logs import get_logger
 from . import labels as L
 from .config import OperatorConfig
 from .jobs import JobRef
-from .kube import KubeApi
+from .kube import KubeApi, KubeError
 from .manifests import (coordinator_pod, coordinator_role_binding, coordinator_service, coordinator_service_account,
                         copied_secret, owner_reference_to)
 from .planning import JobPlan, coordinator_status, coordinators_by_job, group_pods, plan_job, summarize_captures
@@ -63,21 +63,39 @@ class Reconciler:
         """Cluster-wide: the safety net for missed events, and the cleanup of orphans."""
         groups = group_pods(self.api.list_armed_pods())
         by_job = coordinators_by_job(self.api.list_coordinators())
-        plans = []
+        plans, failed = [], []
         for key in sorted(set(groups) | set(by_job)):
             job, job_pods = groups.get(key, (None, []))
-            owner_exists = None
-            if job is not None:
-                job, owner_exists = self._resolve_owner(job)
-            plan = plan_job(key, job, job_pods, by_job.get(key, []), owner_exists, self.config)
-            self.apply(plan)
-            plans.append(plan)
+            try:
+                owner_exists = None
+                if job is not None:
+                    job, owner_exists = self._resolve_owner(job)
+                plan = plan_job(key, job, job_pods, by_job.get(key, []), owner_exists, self.config)
+                self.apply(plan)
+                plans.append(plan)
+            except KubeError as exc:
+                failed += self._job_failed(key, exc)
         # Children of the coordinators that stay (a Pod deleted by hand, a node lost), and status.
         for cc in self.api.list_coordinators():
             if not cc["metadata"].get("deletionTimestamp"):
-                self.ensure_children(cc)
-                self.refresh_status(cc, with_captures=True)
+                try:
+                    self.ensure_children(cc)
+                    self.refresh_status(cc, with_captures=True)
+                except KubeError as exc:
+                    failed += self._job_failed((cc["metadata"]["namespace"], cc["spec"].get("jobId", "")), exc)
+        if failed:
+            raise failed[0]      # the others were reconciled; the caller logs the failure
         return plans
+
+    @staticmethod
+    def _job_failed(key: tuple[str, str], exc: KubeError) -> list[KubeError]:
+        """One job's failure does not stop the resync of the others (hundreds of jobs, one of
+        them in a namespace being deleted). A namespace being deleted is not a failure at all."""
+        if exc.namespace_terminating:
+            log.info("resync.skipped", namespace=key[0], job_id=key[1], reason="namespace terminating")
+            return []
+        log.warning("resync.job_failed", namespace=key[0], job_id=key[1], reason=str(exc))
+        return [exc]
 
     # --- applying --------------------------------------------------------------------------
     def apply(self, plan: JobPlan) -> None:

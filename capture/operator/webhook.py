@@ -8,6 +8,14 @@ stop training. It has no side effects and returns a transformation of what it wa
 number read from the API, which is why it needs no authentication beyond the API server's TLS
 connection.
 
+Serving workloads: `/mutate-serving` is the same handler for the chart's serving entries (a
+namespace labelled `gpulens.dev/serving=enabled`, or a pod labelled `gpulens.dev/arm=true` in any
+namespace); it also arms Deployment, StatefulSet and LeaderWorkerSet pods that carry no label.
+It never arms in kube-system or the operator's own namespace (`SERVING_NEVER`, plus the namespace
+`make_app` is given): the chart's per-workload entry excludes them with a namespaceSelector on
+`kubernetes.io/metadata.name`, a label the API server sets only from Kubernetes 1.21, so on 1.20
+(which the chart supports) that selector matches every namespace and only this check holds.
+
 That one read: for a pod of a plain batch Job it counts the Job's failed pods first
 (`job_attempts.py`: only for the Job whose uid the pod names), so a replacement pod is a new
 attempt. That read is bounded
@@ -33,12 +41,14 @@ from .arming import arm_pod
 from .config import ArmingConfig
 
 __all__ = ["review_response", "attempt_for", "make_app", "tls_context", "reload_certificates", "MAX_BODY",
-           "ATTEMPT_BUDGET_S", "AttemptReader"]
+           "ATTEMPT_BUDGET_S", "AttemptReader", "SERVING_NEVER"]
 
 log = get_logger("webhook")
 
 MAX_BODY = limits.WEBHOOK_BODY.max_bytes   # admission requests are bounded by the 3 MiB object limit
 ATTEMPT_BUDGET_S = 3.0                     # reading the Job; the API server gives the webhook 5 s in all
+#: Namespaces the serving entries never arm in (with the operator's own; see the module docstring).
+SERVING_NEVER = ("kube-system",)
 
 #: (pod, namespace) -> the pod's attempt, or None when the reader has no rule for that pod
 #: (`job_attempts.JobAttempts.attempt_of`). Synchronous: it runs in a thread.
@@ -93,18 +103,26 @@ async def attempt_for(review: Any, reader: AttemptReader | None, budget_s: float
         return None
 
 
-def review_response(review: Any, cfg: ArmingConfig, image: str, attempt: int | None = None) -> dict[str, Any]:
+def review_response(review: Any, cfg: ArmingConfig, image: str, attempt: int | None = None,
+                    serving: bool = False, never: frozenset[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """The AdmissionReview answer for `review`; raises BadReview for a malformed request.
 
-    `attempt`: what `attempt_for` read for the pod (None: the pod's own labels decide)."""
+    `attempt`: what `attempt_for` read for the pod (None: the pod's own labels decide).
+    `serving`: the request came through the serving entry (`/mutate-serving`: the namespace
+    opted in to serving), so serving workloads' pods are armed without a label of their own.
+    `never`: namespaces where a serving request leaves every pod alone."""
     req = _request_of(review)
     resp: dict[str, Any] = {"uid": req["uid"], "allowed": True}
     obj = _pod_created(req)
     if obj is None:
         return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
     namespace = _namespace(req, obj)
+    if serving and namespace in never:
+        log.info("pod.skipped", namespace=namespace, reason="serving pods are never armed in this namespace",
+                 uid=req["uid"])
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
     try:
-        result = arm_pod(obj, namespace, cfg, image, attempt)
+        result = arm_pod(obj, namespace, cfg, image, attempt, serving)
     except Exception as exc:  # never refuse a pod because arming failed
         log.error("arming.failed", namespace=namespace, uid=req["uid"], reason=f"{type(exc).__name__}: {exc}")
         resp["warnings"] = [f"gpulens: pod not armed: {type(exc).__name__}"]
@@ -119,28 +137,37 @@ def review_response(review: Any, cfg: ArmingConfig, image: str, attempt: int | N
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
 
 
-def make_app(cfg: ArmingConfig | None, image: str, attempts: AttemptReader | None = None) -> web.Application:
+def make_app(cfg: ArmingConfig | None, image: str, attempts: AttemptReader | None = None,
+             own_namespace: str | None = None) -> web.Application:
     """`/healthz` always; `/mutate` when `cfg` is given (the webhook is enabled). `attempts` numbers
-    batch Job pods' attempts (None: the pods' labels alone do, as with no API access)."""
+    batch Job pods' attempts (None: the pods' labels alone do, as with no API access).
+    `own_namespace`: the operator's (the release's), where `/mutate-serving` arms nothing, as in
+    kube-system."""
     app = web.Application(client_max_size=MAX_BODY)
+    never = frozenset(SERVING_NEVER + ((own_namespace,) if own_namespace else ()))
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
-    async def mutate(request: web.Request) -> web.Response:
+    async def mutate(request: web.Request, serving: bool = False) -> web.Response:
         if request.content_type != "application/json":
             return web.json_response({"error": "Content-Type must be application/json"}, status=415)
         review = await web_json.read_json(request, limits.WEBHOOK_BODY)
         try:
             attempt = await attempt_for(review, attempts)
-            return web.json_response(review_response(review, cfg, image, attempt))  # type: ignore[arg-type]
+            return web.json_response(review_response(review, cfg, image, attempt, serving,  # type: ignore[arg-type]
+                                                     never if serving else ()))
         except BadReview as exc:
             log.warning("review.bad", reason=str(exc))
             return web.json_response({"error": str(exc)}, status=400)
 
+    async def mutate_serving(request: web.Request) -> web.Response:
+        return await mutate(request, serving=True)
+
     app.router.add_get("/healthz", healthz)
     if cfg is not None:
         app.router.add_post("/mutate", mutate)
+        app.router.add_post("/mutate-serving", mutate_serving)
     return app
 
 

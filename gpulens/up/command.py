@@ -5,6 +5,8 @@ generated configs with the project's rules and the gateway as webhook receiver),
 per (job, attempt) that registers, and a local page listing captures and annotations (or posts
 annotations to Grafana with --grafana-url). `--demo` adds a two-rank PyTorch CPU trainer driving
 the CUDA driver stand-in, and `--incident X` induces one of the three incidents after a warm-up.
+`--demo --serving` runs a serving workload instead: two replicas of a PyTorch CPU model answering
+requests, each on its own stand-in GPU, where `--incident noisy_neighbor` lands on one replica.
 Ctrl-C stops everything it started; the archive stays.
 """
 
@@ -21,10 +23,12 @@ from gpulens.helptext import HelpFormatter
 __all__ = ["configure", "run"]
 
 INCIDENTS = ("host_sync", "noisy_neighbor", "input_starvation")
+SERVING_INCIDENTS = ("noisy_neighbor",)   # the serving demo's incident: a neighbour on one replica's GPU
 
 
 EPILOG = """examples:
   gpulens up --demo --incident host_sync          # the whole loop: an alert, a capture, a report in ~2.5 min
+  gpulens up --demo --serving --incident noisy_neighbor   # a serving workload: one replica against its peer
   gpulens up --demo --exit-after-s 120            # a scripted run that stops by itself
   gpulens up --work-dir /srv/gpulens --port-base 19450 --grafana-url http://grafana:3000
 
@@ -40,6 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "Alertmanager +11, coordinators +20..")
     parser.add_argument("--demo", action="store_true",
                         help="also run a sample trainer (torchrun, 2 ranks, PyTorch CPU) armed by the hook")
+    parser.add_argument("--serving", action="store_true",
+                        help="with --demo: a serving workload instead of the trainer (Deployment demo/demo-serve, "
+                             "two replicas answering requests, one stand-in GPU each)")
     parser.add_argument("--incident", choices=INCIDENTS, help="induce this incident in the demo after --incident-after-s")
     parser.add_argument("--incident-after-s", "--incident-after", dest="incident_after", type=float, default=100.0,
                         metavar="S", help="seconds of normal training before the incident (the rules need a baseline)")
@@ -64,6 +71,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.incident and not args.demo:
         print("gpulens up: --incident needs --demo (it is induced in the demo trainer)", file=sys.stderr)
+        return 2
+    if args.serving and not args.demo:
+        print("gpulens up: --serving needs --demo (it chooses which demo runs)", file=sys.stderr)
+        return 2
+    if args.serving and args.incident not in (None, *SERVING_INCIDENTS):
+        print(f"gpulens up: the serving demo induces {', '.join(SERVING_INCIDENTS)} (on one replica's GPU), "
+              f"not {args.incident}", file=sys.stderr)
         return 2
     from .runner import Runner
 

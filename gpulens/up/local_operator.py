@@ -14,6 +14,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from capture.operator.labels import SERVING_KINDS
 from gpulens.logs import get_logger
 
 from .scrape_targets import CoordinatorTarget, write_file_sd
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from .host import UpHost
     from .supervisor import Child
 
-__all__ = ["LocalOperator", "read_jobs"]
+__all__ = ["LocalOperator", "read_jobs", "serving_jobs"]
 
 log = get_logger("up")
 
@@ -38,6 +39,22 @@ def read_jobs(registry) -> dict[tuple[str, str, int], set[str]]:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # half-written or foreign file: the agent reports those
     return jobs
+
+
+def serving_jobs(registry) -> set[tuple[str, str, int]]:
+    """The (namespace, job, attempt) whose records name a serving workload (`"workload":
+    "Deployment/web"`): a revision of replicas, whose coordinator runs with --serving as the
+    operator's does in a cluster."""
+    found: set[tuple[str, str, int]] = set()
+    for path in sorted(registry.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+            kind = str(rec.get("workload") or "").partition("/")[0]
+            if kind in SERVING_KINDS:
+                found.add((str(rec["namespace"]), str(rec["job_id"]), int(rec["attempt"])))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
 
 
 class LocalOperator:
@@ -59,7 +76,10 @@ class LocalOperator:
 
     async def reconcile(self) -> None:
         changed = False
-        for key, pods in read_jobs(self.runner.layout.registry).items():
+        registry = self.runner.layout.registry
+        jobs = read_jobs(registry)
+        serving = serving_jobs(registry) if any(k not in self.coordinators for k in jobs) else set()
+        for key, pods in jobs.items():
             namespace, job, attempt = key
             for pod in pods:
                 if self.pods.get(f"{namespace}/{pod}") != f"{namespace}/{job}":
@@ -68,13 +88,15 @@ class LocalOperator:
             if key in self.coordinators:
                 continue
             # a newer attempt of the same job replaces the route (the old coordinator stays for its captures)
-            spec = self.runner.coordinator_spec(namespace, job, attempt, index=len(self.coordinators))
+            spec = self.runner.coordinator_spec(namespace, job, attempt, index=len(self.coordinators),
+                                                serving=key in serving)
             child = await self.runner.sup.start(spec)
             self.coordinators[key] = spec.url
             self._children[key] = (child, CoordinatorTarget(namespace, spec.name, spec.url))
             changed = True
             log.info("coordinator.started", namespace=namespace, job_id=job, attempt=attempt, url=spec.url)
-            self.runner.say(f"gpulens up: job {namespace}/{job} attempt {attempt} registered: coordinator at {spec.url} "
+            self.runner.say(f"gpulens up: {'serving revision' if key in serving else 'job'} {namespace}/{job} attempt "
+                            f"{attempt} registered: coordinator at {spec.url} "
                             f"(pid {child.pid}, log {child.log_path})")
         if changed:
             self.write_routes()

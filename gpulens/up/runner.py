@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -25,9 +26,15 @@ from .page import Page
 from .status import StatusReporter
 from .supervisor import ChildSpec, Supervisor, http_ready
 
-__all__ = ["Runner", "repo_root"]
+__all__ = ["Runner", "repo_root", "SERVING_WORKLOAD", "SERVING_REVISION", "SERVING_PODS"]
 
 log = get_logger("up")
+
+#: the serving demo (--serving) as a cluster would name it: Deployment demo-serve, its ReplicaSet
+#: (the revision, the coordinator's job id: `<deployment>-<pod-template-hash>`) and two of its pods
+SERVING_WORKLOAD = "Deployment/demo-serve"
+SERVING_REVISION = "demo-serve-6d9f7c8b5"
+SERVING_PODS = (f"{SERVING_REVISION}-x7k2p", f"{SERVING_REVISION}-q4m9w")
 
 
 def repo_root() -> Path:
@@ -137,7 +144,11 @@ class Runner:
         if not a.no_prometheus:
             await self._start_prometheus_and_alertmanager()
 
-    def coordinator_spec(self, namespace: str, job: str, attempt: int, index: int) -> ChildSpec:
+    def coordinator_spec(self, namespace: str, job: str, attempt: int, index: int,
+                         serving: bool = False) -> ChildSpec:
+        """`serving`: the job is a serving revision (its records name a Deployment): replicas, each its
+        own world, captured as the alerted pod plus a healthy peer and compared with it, so the
+        demo's own baseline capture is not needed there."""
         L, P, a = self.layout, self.ports, self.args
         port = P.coordinator(index)
         argv = self.cli + ["coordinator", "--listen", f"127.0.0.1:{port}", "--job", job, "--attempt", str(attempt),
@@ -146,7 +157,9 @@ class Runner:
                            "--token-file", str(L.token_file("coordinator")),
                            "--agent-token-file", str(L.token_file("agent")), "--analysis", "local",
                            "--state-dir", str(L.state / f"coordinator-{namespace}-{job}-{attempt}")]
-        if a.demo and a.incident:
+        if serving:
+            argv += ["--serving"]
+        elif a.demo and a.incident:
             # the demo takes its healthy baseline itself, well before the incident starts
             argv += ["--baseline-after-s", f"{max(10.0, a.incident_after / 2):g}"]
         if a.grafana_url:
@@ -215,8 +228,30 @@ class Runner:
         L = self.layout
         self.stub = build_stub(L.workdir / "stub")
         L.incident_file.write_text("none")
+        if self.args.serving:
+            for device, pod in enumerate(SERVING_PODS):
+                await self.sup.start(self._replica_spec(pod, device))
+            return
         self.trainer_pod = "demo-trainer-0"
         await self.sup.start(self._trainer_spec(self.trainer_pod))
+
+    def _replica_spec(self, pod: str, device: int) -> ChildSpec:
+        """A replica of the serving demo as pod `pod` of Deployment demo/demo-serve, revision
+        SERVING_REVISION (what its records say, as an armed serving pod's do in a cluster), on
+        stand-in GPU `device`: one GPU per replica, so a neighbour on one affects only that one."""
+        L = self.layout
+        env = self.stub.env(
+            PYTHONPATH=str(hook_path()), GPULENS_JOB_ID=SERVING_REVISION, GPULENS_ATTEMPT="0",
+            GPULENS_NAMESPACE="demo", GPULENS_POD_NAME=pod, GPULENS_WORKLOAD=SERVING_WORKLOAD,
+            # a pod's uid, as the downward API gives it: the replicas' workers are both rank 0 of the same
+            # revision, so the agent tells them apart by it (and the hook gives each its own Kineto job id)
+            GPULENS_POD_UID=str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpulens-up/demo/{pod}")),
+            GPULENS_REGISTRY_DIR=str(L.registry), GPULENS_TRACE_DIR=str(L.traces),
+            GPULENS_SOCKET_DIR=str(L.socket_dir), GPULENS_STUB_STATE_DIR=str(L.stub_state),
+            GPULENS_STUB_DEVICES=str(len(SERVING_PODS)), OMP_NUM_THREADS="1")
+        return ChildSpec(f"demo-replica-{device}", [sys.executable, "-m", "gpulens.up.demo_server", "--libcuda",
+                                                    str(self.stub.libcuda), "--device", str(device)],
+                         env=env, restart=False)
 
     async def _replace_trainer_pod(self, incident: str) -> None:
         """Stop the trainer and start it again as a new pod of the same job, with `incident` on."""
@@ -231,9 +266,13 @@ class Runner:
     #: the workload the demo trainer belongs to, as the exporter labels it (docs/exporter.md)
     DEMO_WORKLOAD = ("demo", "job/demo")
 
+    @property
+    def demo_workload(self) -> tuple[str, str]:
+        return ("demo", SERVING_WORKLOAD) if self.args.serving else self.DEMO_WORKLOAD
+
     async def _workload_baseline(self, session) -> float | None:
         """The demo workload's recorded baseline (launches/s per worker), or None while it has none."""
-        ns, wl = self.DEMO_WORKLOAD
+        ns, wl = self.demo_workload
         query = f'namespace_workload:gpulens_launches_per_worker:baseline_rate5m{{namespace="{ns}",gpulens_workload="{wl}"}}'
         try:
             async with session.get(f"http://127.0.0.1:{self.ports.prometheus}/api/v1/query",
@@ -252,29 +291,38 @@ class Runner:
         series itself rather than for a fixed time."""
         if "prometheus" not in self.sup.children:
             return
-        self.say(f"gpulens up: waiting for workload {'/'.join(self.DEMO_WORKLOAD)}'s baseline before the incident "
+        self.say(f"gpulens up: waiting for workload {'/'.join(self.demo_workload)}'s baseline before the incident "
                  f"(the rules need its healthy history first)")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
             while (value := await self._workload_baseline(session)) is None:
                 await asyncio.sleep(2)
-        self.say(f"gpulens up: workload {'/'.join(self.DEMO_WORKLOAD)} has its baseline "
+        self.say(f"gpulens up: workload {'/'.join(self.demo_workload)} has its baseline "
                  f"({value:.0f} launches/s per worker)")
-        log.info("demo.baseline_established", workload="/".join(self.DEMO_WORKLOAD), launches_per_worker=value)
+        log.info("demo.baseline_established", workload="/".join(self.demo_workload), launches_per_worker=value)
 
     async def _induce_incident(self) -> None:
         await asyncio.sleep(self.args.incident_after)
         await self._wait_for_baseline()
         incident = self.args.incident
-        self.say(f"gpulens up: inducing incident '{incident}' in the demo trainer now")
+        if self.args.serving:   # command.py allows noisy_neighbor only: on the first replica's GPU
+            self.say(f"gpulens up: inducing incident '{incident}' on GPU 0, replica demo/{SERVING_PODS[0]}'s "
+                     f"(demo/{SERVING_PODS[1]} on GPU 1 stays healthy)")
+        else:
+            self.say(f"gpulens up: inducing incident '{incident}' in the demo trainer now")
         log.info("incident.induced", incident=incident)
         if incident in self.NEW_POD_INCIDENTS:
             await self._replace_trainer_pod(incident)
             return
         if incident == "noisy_neighbor":
             env = self.stub.env(GPULENS_STUB_STATE_DIR=str(self.layout.stub_state))
+            # The stand-in queues at most 64 operations per process, so the kernel length sets how long
+            # a replica's answer waits behind the neighbour: 400 us kept a serving replica at 0.59-0.63 of
+            # its baseline, on the rule's 0.6 line (the alert fired and resolved in turn); 1 ms kernels
+            # (a batch job's) hold it well under.
+            kernel_us = "1000" if self.args.serving else "400"
             await self.sup.start(ChildSpec(
                 "noisy-neighbor", [str(self.stub.workload), "--device", "0", "--duration", "100000",
-                                   "--kernels", "200", "--kernel-us", "400", "--h2d-bytes", "1048576",
+                                   "--kernels", "200", "--kernel-us", kernel_us, "--h2d-bytes", "1048576",
                                    "--sync-every", "1", "--host-us", "1000", "--host-work", "sleep"],
                 env=env, restart=False))
         self.layout.incident_file.write_text(incident)
@@ -302,7 +350,8 @@ class Runner:
             self.say(f"  {name:<{width}}  {url}")
         gpulens = Path(sys.executable).parent / "gpulens"
         self.say(f"  start a capture by hand:  {gpulens} capture start --url http://127.0.0.1:{P.gateway} "
-                 f"--token-file {self.layout.token_file('gateway')} --namespace demo --job demo --wait")
+                 f"--token-file {self.layout.token_file('gateway')} --namespace demo "
+                 f"--job {SERVING_REVISION if self.args.serving else 'demo'} --wait")
         L = self.layout
         self.say(f"  arm a trainer of your own:  PYTHONPATH={hook_path()} GPULENS_JOB_ID=<job> "
                  f"GPULENS_REGISTRY_DIR={L.registry} GPULENS_SOCKET_DIR={L.socket_dir} GPULENS_TRACE_DIR={L.traces}")

@@ -50,7 +50,7 @@ def build_record(env: dict, pid: int, cmdline: list[str], now: float, *,
     hostname = socket.gethostname()
     job_id = env.get("GPULENS_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or "local"
     world = _int(env, "WORLD_SIZE", 1)
-    return {
+    rec = {
         "schema_version": SCHEMA_VERSION,
         "job_id": job_id,
         "attempt": _int(env, "GPULENS_ATTEMPT", 0),
@@ -76,6 +76,11 @@ def build_record(env: dict, pid: int, cmdline: list[str], now: float, *,
         "identity": identity,
         "argv": cmdline[:16],
     }
+    if env.get("GPULENS_WORKLOAD"):
+        # no Kubernetes to say which workload the pod belongs to (`gpulens up`'s serving demo): the
+        # launcher names it, e.g. Deployment/web, as the exporter's gpulens_workload label
+        rec["workload"] = env["GPULENS_WORKLOAD"]
+    return rec
 
 
 def record_filename(rec: dict) -> str:

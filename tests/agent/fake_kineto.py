@@ -15,7 +15,8 @@ log), `no_file` (traces, busy polls and all, then goes idle without writing a fi
 when its log file cannot be opened or a torch.profiler session cancels the trace), `between_polls`
 (an iteration trace of a few fast steps, which real Kineto starts and finishes between two of its
 5 s polls: such a trace runs inside the poll loop, so no poll ever says busy; time-based ones run
-as usual).
+as usual), `no_rename` (writes its `.tmp`, then goes idle without renaming it: Kineto logs a failed
+rename and leaves the `.tmp` behind).
 `start_gate`: an Event the trace waits for before it opens its file, as a rank whose
 iteration-aligned start comes a round-up later than another rank's does.
 """
@@ -97,6 +98,8 @@ class FakeKineto(threading.Thread):
             if self.mode == "truncate":
                 text = text[: len(text) // 2]
             tmp.write_text(text)
+            if self.mode == "no_rename":
+                return
             if final.exists():
                 os.unlink(final)  # Kineto removes an existing final file before its rename
             os.rename(tmp, final)

@@ -116,6 +116,24 @@ def test_find_prefers_the_live_record_of_a_rank(tmp_path, sleeper):
     assert WorkerRegistry(tmp_path).find("j", 0, 0, pod_uid="another-pod") is None
 
 
+def test_two_replicas_without_pod_uids_are_told_apart_by_pod_name(tmp_path, sleeper):
+    """Two serving replicas on one node are both rank 0 of one revision. Armed without the
+    downward-API uid, only the pod's name tells them apart: each dispatch must find its own pod's
+    process (the serving demo once archived the healthy replica's trace twice)."""
+    a, b = sleeper(), sleeper()
+    write(tmp_path, "a.json", record(pod="web-a", pod_uid="", pid=a.pid))
+    write(tmp_path, "b.json", record(pod="web-b", pod_uid="", pid=b.pid, start_time=time.time() + 1))
+    reg = WorkerRegistry(tmp_path)
+    assert reg.find("j", 0, 0, pod="web-a").record.pid == a.pid
+    assert reg.find("j", 0, 0, pod="web-b").record.pid == b.pid
+    assert reg.find("j", 0, 0, pod="web-c") is None
+    # a uid on both sides decides alone: a pod name reused by a new pod (new uid, newer record) is not it
+    write(tmp_path, "c.json", record(pod="web-a", pod_uid="uid-new", pid=b.pid, start_time=time.time() + 2))
+    found = reg.find("j", 0, 0, pod_uid="uid-old", pod="web-a")
+    assert (found.record.pod_uid, found.record.pid) == ("", a.pid)
+    assert reg.find("j", 0, 0, pod_uid="uid-new", pod="web-a").record.pod_uid == "uid-new"
+
+
 @pytest.mark.root
 @requires(None if is_root() else "needs root for unshare --pid")
 def test_two_pid_namespaces_with_the_same_pid_resolve_to_different_processes(tmp_path, sleeper):

@@ -104,6 +104,25 @@ async def test_no_config_is_sent_while_the_process_may_still_hold_an_earlier_one
     assert len(kineto.configs) == 2 and not kineto.failed
 
 
+async def test_a_tmp_kineto_left_behind_after_going_idle_does_not_hold_its_process(node, agent):
+    """Kineto renames its file before it goes idle, so a `.tmp` still there after its polls said
+    the trace ran and ended is a write that failed, not one in progress. The process is free for
+    the next capture at once; before, the `.tmp` alone kept it "held" for the whole 10 min linger
+    and every later capture of that rank waited and ended `busy_timeout` (seen in the soak)."""
+    node.worker(0, kineto="no_rename")
+    kineto = node.kinetos[0]
+    async with AgentClient(agent.url, TOKEN) as client:
+        await client.dispatch("c-torn-write", "rank-0", dispatch(node, "c-torn-write", 0, deadline=time.time() + 14))
+        torn = (await converge(client, "c-torn-write", timeout=40))["rank-0"]
+        assert torn.state.value == "failed", torn
+        assert list((node.base / "traces" / "c-torn-write").glob("*.json.tmp")), "the stand-in left no .tmp"
+        kineto.mode = "honest"
+        await client.dispatch("c-after-torn-write", "rank-0", dispatch(node, "c-after-torn-write", 0, deadline=time.time() + 30))
+        after = (await converge(client, "c-after-torn-write", timeout=50))["rank-0"]
+    assert after.state.value == "archived", after
+    assert len(kineto.configs) == 2, kineto.configs
+
+
 def publish_steps(node: Node, rank: int, pid: int, count: int, *, per_s: float = 20.0) -> Path:
     """The hook's own step file for a stand-in worker, `count` steps at `per_s` up to now."""
     class Tracker:
@@ -157,3 +176,35 @@ def test_a_dispatch_with_a_bad_start_iteration_is_refused(bad):
     with pytest.raises(schemas.SchemaError) as err:
         Dispatch.from_dict(body)
     assert "start_iteration" in str(err.value)
+
+
+async def test_a_restarted_agent_keeps_watching_for_a_late_trace(node):
+    """The agent is restarted (a DaemonSet rollout) while a failed target's config may still make
+    Kineto write: the new agent resumes the watch from disk, keeps the folder, and archives the
+    trace that lands as `.late.json`. Before, lingering lived only in the old process: the new one
+    skipped the ended target, and the trace met no watcher (and, on the last target, no folder)."""
+    from tests.agent.test_agent import start_agent
+    gate = threading.Event()
+    node.worker(0, start_gate=gate)
+    folder = node.base / "traces" / "c-restart-late"
+    running = await start_agent(node.options())
+    try:
+        async with AgentClient(running.url, TOKEN) as client:
+            await client.dispatch("c-restart-late", "rank-0", dispatch(node, "c-restart-late", 0,
+                                                                       deadline=time.time() + 14))
+            st = (await converge(client, "c-restart-late", timeout=40))["rank-0"]
+            assert st.reason.value == "trace_timeout", st
+    finally:
+        await running.stop()
+    assert folder.is_dir()
+    running = await start_agent(node.options())
+    try:
+        async with AgentClient(running.url, TOKEN) as client:
+            gate.set()                                   # Kineto writes now, with only the new agent there
+            late = await wait_state(client, "c-restart-late", "rank-0", lambda s: "late trace" in (s.detail or ""))
+        assert late.reason.value == "trace_timeout"
+        archived = node.base / "archive" / "ns" / "train" / "0" / "c-restart-late" / "traces" / "rank-0.late.json"
+        assert json.loads(archived.read_text())["traceEvents"], archived
+        assert not node.kinetos[0].failed, node.kinetos[0].failed
+    finally:
+        await running.stop()

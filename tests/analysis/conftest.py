@@ -60,7 +60,7 @@ class CaptureBuilder:
 
     def add(self, rank: int, source: Path | bytes, *, target_id: str | None = None, file_name: str | None = None,
             pod: str = "trainer-0", node: str = "node-a", uri: str | None = None, expect: bool = True,
-            sizes: dict | None = None) -> "CaptureBuilder":
+            sizes: dict | None = None, worker_rank: int | None = None) -> "CaptureBuilder":
         target_id = target_id or f"rank-{rank}"
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
         if file_name is None:
@@ -73,7 +73,7 @@ class CaptureBuilder:
         self.artifacts.append(Artifact(target_id=target_id, rank=rank, local_rank=rank % 8, node=node, pod=pod,
                                        pid=1000 + rank, attempt=self.attempt, uri=uri or dest.as_uri(),
                                        size=len(data), sha256=hashlib.sha256(data).hexdigest(), trace_id=None,
-                                       sizes=sizes))
+                                       sizes=sizes, worker_rank=worker_rank))
         if expect:
             self.expected.append(ExpectedTarget(target_id, rank, rank % 8, pod, node))
         return self

@@ -117,7 +117,13 @@ def test_an_existing_cluster_runs_the_ranks(builder, trace_filter, external_clus
     for r in (0, 1):
         doc = json.loads((capture.dir / "traces" / f"rank-{r}.analysis.json").read_text())
         assert doc["status"] == "analysed" and doc["worker"]["pid"] == worker_pid  # ran on that cluster's worker
-    assert json.loads((capture.dir / "analysis" / "summary.json").read_text())["counts"]["analysed"] == 2
+    summary = json.loads((capture.dir / "analysis" / "summary.json").read_text())
+    assert summary["counts"]["analysed"] == 2
+    # the summary and the report say where: that cluster, and each rank's worker host
+    assert summary["analysed_on"] == {"scheduler": address, "workers": 1}
+    assert [r["worker"] for r in summary["ranks"]] == [socket.gethostname()] * 2
+    assert f"Ranks analysed on the Dask cluster {address} (1 worker)" in (
+        capture.dir / "analysis" / "report.html").read_text()
 
 
 def test_a_worker_lost_mid_analysis_costs_a_retry_not_the_rank(builder, trace_filter, two_worker_cluster):

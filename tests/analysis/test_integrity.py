@@ -79,6 +79,25 @@ def test_a_file_that_contradicts_its_rank_is_excluded(builder, trace_filter):
     assert "distributedInfo.rank=0" in r1["detail"]
 
 
+def test_serving_replicas_numbered_apart_are_checked_against_their_own_rank(builder, trace_filter):
+    """Two replicas of two torch.distributed workers each: the capture numbers them 0..3, each
+    worker's trace says its replica's own rank (0 or 1). The manifest's worker_rank is what the
+    trace is checked against; without it replica B's files look like another rank's."""
+    capture = (builder().add(0, trace_filter[0], pod="server-a").add(1, trace_filter[1], pod="server-a")
+               .add(2, trace_filter[0], pod="server-b", worker_rank=0)
+               .add(3, trace_filter[1], pod="server-b", worker_rank=1).write())
+    run = analyze_manifest(capture.manifest_uri)
+    assert {t: s for t, s in _status(run).items()} == {f"rank-{r}": ("analysed", None) for r in range(4)}
+    # the check still bites inside a replica: a file of worker 0 bound to worker 1 of replica B
+    swapped = (builder().add(0, trace_filter[0], pod="server-a").add(1, trace_filter[1], pod="server-a")
+               .add(2, trace_filter[0], pod="server-b", worker_rank=0)
+               .add(3, trace_filter[0], pod="server-b", worker_rank=1).write())
+    run = analyze_manifest(swapped.manifest_uri)
+    r3 = next(r for r in run.summary["ranks"] if r["rank"] == 3)
+    assert (r3["status"], r3["reason"]) == ("excluded", "rank_mismatch")
+    assert "rank 1 (capture rank 3)" in r3["detail"]
+
+
 def test_duplicate_rank_keeps_the_first(builder, trace_filter):
     capture = builder().add(0, trace_filter[0]).add(0, trace_filter[0], target_id="rank-0-dup", expect=False).write()
     run = analyze_manifest(capture.manifest_uri)

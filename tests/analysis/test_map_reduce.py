@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import socket
 
 import pytest
 
@@ -105,6 +106,10 @@ def test_rank_summaries_are_written_next_to_their_traces(builder, trace_filter):
         assert doc["tool"]["hta"] == run.summary["tool"]["hta"]
         assert doc["worker"]["peak_rss_bytes"] > 0
     assert run.summary["counts"]["analysed"] == 2
+    # where they ran: `gpulens analyze`'s own local cluster, each rank's worker host named
+    assert run.summary["analysed_on"] == {"scheduler": "local", "workers": 2}
+    assert [r["worker"] for r in run.summary["ranks"]] == [socket.gethostname()] * 2
+    assert "Ranks analysed on a local Dask cluster (2 workers)" in (capture.dir / "analysis" / "report.html").read_text()
 
 
 def test_the_reduce_needs_only_the_rank_summaries(builder, trace_filter):
@@ -118,7 +123,8 @@ def test_the_reduce_needs_only_the_rank_summaries(builder, trace_filter):
     source = read_manifest(capture.manifest_uri)
     reduced = reduce_ranks(source.manifest, copy.deepcopy(summaries), list(DEFAULT_ANALYSES), get_logger("test"))
     again = build_summary(source, reduced.plan, reduced.contents, reduced.results, reduced.hta,
-                          run.summary_uri, run.report_uri, evidence=reduced.evidence, cross_rank=reduced.cross_rank)
+                          run.summary_uri, run.report_uri, evidence=reduced.evidence, cross_rank=reduced.cross_rank,
+                          analysed_on=run.summary["analysed_on"], workers=[s["worker"]["host"] for s in summaries])
     original = dict(run.summary)
     for s in (again, original):
         s.pop("generated_at")

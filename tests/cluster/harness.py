@@ -3,6 +3,7 @@ and the machine state that `down` must give back."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -19,6 +20,11 @@ KUBECONFIG = STATE / "admin.kubeconfig"
 PKI = STATE / "pki"
 BRIDGE = "gl-cni0"
 NODE = "gpulens-node"
+#: The second node of `cluster.sh up --nodes 2` (its own network, mount and PID namespaces) and its
+#: address; node k's pods are 10.244.(k-1).0/24 (cluster/cluster.sh).
+NODE2, NODE2_IP = "gpulens-node-2", "10.244.1.1"
+#: cluster.sh reads the node count from this variable (default 1).
+NODES_ENV = "GPULENS_CLUSTER_NODES"
 TOOLBOX = "localhost/gpulens-toolbox:1"      # conftest builds it from Debian's busybox-static
 BB = "/bin/busybox"
 #: The chart's release and namespace on the test cluster: the README's install lines say the same
@@ -36,8 +42,17 @@ UP_TIMEOUT_S = 45 * 60
 T = TypeVar("T")
 
 
-def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+def cluster_sh(*args: str, timeout: float = 300, nodes: int | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **({NODES_ENV: str(nodes)} if nodes is not None else {}))
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def node_count() -> int:
+    """The nodes of the cluster that is up (or was last brought up): 0 when none is."""
+    try:
+        return int((RUN / "node-count").read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def readme_install(image: str, s3_endpoint: str, grafana_url: str):
@@ -80,10 +95,11 @@ def forbidden_in_logs(api, namespace: str) -> dict[str, list[str]]:
     return out
 
 
-def up() -> float:
-    """Start the cluster; returns the wall time. Raises with the script's stderr on failure."""
+def up(nodes: int | None = None) -> float:
+    """Start the cluster (`nodes`: the node count, else the environment's); returns the wall time.
+    Raises with the script's stderr on failure."""
     t0 = time.monotonic()
-    r = cluster_sh("up", timeout=UP_TIMEOUT_S)
+    r = cluster_sh("up", timeout=UP_TIMEOUT_S, nodes=nodes)
     if r.returncode != 0:
         raise RuntimeError(f"cluster.sh up failed ({r.returncode}):\n{r.stderr[-6000:]}")
     return time.monotonic() - t0
@@ -144,13 +160,13 @@ def machine_state() -> MachineState:
         p = Path("/proc/sys") / k.replace(".", "/")
         if p.exists():
             sysctls.append((k, p.read_text().strip()))
-    cgroups = {str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")}
-    ours = re.compile(r"^(/var/lib/gpulens-cluster|/run/gpulens-cluster|/run/netns/cni-)")
+    cgroups = {str(p) for pattern in ("*/kubepods", "*/gl-node-*") for p in Path("/sys/fs/cgroup").glob(pattern)}
+    ours = re.compile(r"^(/var/lib/gpulens-cluster|/run/gpulens-cluster|/run/netns/cni-|/run/netns/gl-node-)")
     mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if ours.match(line.split()[4])}
     links = {line.split(":")[1].strip().split("@")[0] for line in
              subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()}
-    links = {name for name in links if name == BRIDGE}
+    links = {name for name in links if name == BRIDGE or name.startswith("gl-veth-")}
     procs = set()
     for p in Path("/proc").iterdir():
         if p.name.isdigit() and int(p.name) != os.getpid():
@@ -163,6 +179,22 @@ def machine_state() -> MachineState:
     dirs = {str(d) for d in (STATE, RUN) if d.exists()}
     return MachineState(tuple(sysctls), frozenset(_chains()), frozenset(cgroups), frozenset(mounts),
                         frozenset(links), frozenset(procs), frozenset(dirs))
+
+
+def machine_diff(before: MachineState, after: MachineState, theirs: set[str]) -> dict:
+    """What `after` changed from `before` (sysctls in `theirs`, changed by someone else while the
+    cluster was up, are left out): empty when `down` gave everything back."""
+    diffs = {f.name: (getattr(before, f.name), getattr(after, f.name))
+             for f in dataclasses.fields(after) if f.name != "sysctls" and getattr(before, f.name) != getattr(after, f.name)}
+    diffs.update({k: (v, dict(after.sysctls).get(k)) for k, v in before.sysctls
+                  if k not in theirs and dict(after.sysctls).get(k) != v})
+    return diffs
+
+
+def sysctls_changed_by_others(during: MachineState) -> set[str]:
+    """The sysctls whose value while up is not the one `up` recorded (someone else set them since)."""
+    ours = dict(line.split("=", 1) for line in (RUN / "sysctls.ours").read_text().split())
+    return {k for k, v in during.sysctls if ours.get(k, v) != v}
 
 
 def pod_log(api, namespace: str, pod: str, container: str | None = None) -> str:

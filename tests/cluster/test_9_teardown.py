@@ -5,11 +5,9 @@ Runs after the other cluster tests of this directory (file order) and leaves the
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from .harness import RUN, cluster_sh, down, machine_state, up
+from .harness import cluster_sh, down, machine_diff, machine_state, sysctls_changed_by_others, up
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -23,14 +21,9 @@ def test_down_restores_machine_then_warm_up(cluster, api, capsys):
     assert dict(during.sysctls)["vm.overcommit_memory"] == "1"        # set by the kubelet
 
     # A sysctl someone else on this machine set after our `up` is theirs: down leaves it alone.
-    ours = dict(line.split("=", 1) for line in (RUN / "sysctls.ours").read_text().split())
-    theirs = {k for k, v in during.sysctls if ours.get(k, v) != v}
+    theirs = sysctls_changed_by_others(during)
     down_s = down()
-    after = machine_state()
-    diffs = {f.name: (getattr(before, f.name), getattr(after, f.name))
-             for f in dataclasses.fields(after) if f.name != "sysctls" and getattr(before, f.name) != getattr(after, f.name)}
-    diffs.update({k: (v, dict(after.sysctls).get(k)) for k, v in before.sysctls
-                  if k not in theirs and dict(after.sysctls).get(k) != v})
+    diffs = machine_diff(before, machine_state(), theirs)
     assert not diffs, f"down left the machine changed: {diffs}"
     assert cluster_sh("status").returncode != 0
 

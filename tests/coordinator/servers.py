@@ -29,16 +29,17 @@ async def serving(app: web.Application):
 
 
 class GpulensProcess:
-    """`python -m gpulens.cli ARGS` in its own session; stop() ends it and everything it started."""
+    """`python -m gpulens.cli ARGS` in its own session; stop() ends it and everything it started.
+    `prefix` runs it through a wrapper that execs it in place (`ip netns exec NS`: a node's netns)."""
 
-    def __init__(self, args: list[str], log: Path, env: dict | None = None):
-        self.args, self.log, self.env = args, log, env
+    def __init__(self, args: list[str], log: Path, env: dict | None = None, prefix: list[str] | None = None):
+        self.args, self.log, self.env, self.prefix = args, log, env, list(prefix or [])
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> "GpulensProcess":
         self._logf = open(self.log, "ab")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpulens.cli", *self.args, cwd=REPO, stdout=self._logf, stderr=self._logf,
+            *self.prefix, sys.executable, "-m", "gpulens.cli", *self.args, cwd=REPO, stdout=self._logf, stderr=self._logf,
             start_new_session=True, env={**os.environ, **(self.env or {})})
         return self
 

@@ -1,12 +1,12 @@
 """Capture after capture on a real 4-rank PyTorch job over two node agents (issue 34's soak).
 
-Two "nodes", each with its own hostPath folders (registry, traces, state), its own Kineto IPC
-socket folder and its own `gpulens agent` process (builtin endpoint, or a dynolog double per node
-that the agent talks to over RPC); two ranks of one gloo job on each (plain_trainer.py: a plain
-loop, no torch.profiler), armed by the real hook. One in-process coordinator fans out to both.
-The nodes share the machine's network namespace: they are kept apart by their folders, sockets and
-agents, which is what the capture plane's per-node paths depend on (the two-node cluster is
-issue 33's).
+Two nodes, each a network namespace of its own (tests/netnodes.py: its own loopback, address and
+abstract Unix socket namespace, one L2 segment between them), with its own hostPath folders
+(registry, traces, state) and its own `gpulens agent` (builtin endpoint at the abstract
+`@dynolog`, or a dynolog double per node that the agent talks to over RPC on the node's loopback);
+two ranks of one gloo job on each (plain_trainer.py: a plain loop, no torch.profiler), armed by
+the real hook, whose collective crosses the segment as it would cross a cluster's network. One
+in-process coordinator on this host fans out to both agents at the nodes' addresses. Needs root.
 
 `Soak.run(n)` starts n captures back to back, alternating iteration captures (3 steps, one start
 iteration chosen by the coordinator) and 500 ms wall-clock windows; every third one is followed
@@ -39,7 +39,7 @@ from hooks import hook_path
 from tests.conftest import free_port
 from tests.coordinator.conftest import AGENT_TOKEN, make_coordinator
 from tests.coordinator.servers import GpulensProcess
-from tests.doubles.dynolog_double import DynologDouble
+from tests.netnodes import NetNode, NodeNetwork
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = str(REPO / "tests" / "agent" / "plain_trainer.py")
@@ -51,47 +51,52 @@ PROVEN = {"missed_start", "busy_timeout"}
 
 
 class SoakNode:
-    def __init__(self, name: str, base: Path, archive: Path):
-        self.name, self.base, self.archive = name, base / name, archive
-        self.sock = tempfile.mkdtemp(prefix="gl-", dir="/tmp")      # sun_path: keep it short
+    def __init__(self, name: str, base: Path, archive: Path, net: NetNode):
+        self.name, self.base, self.archive, self.net = name, base / name, archive, net
         for d in ("reg", "traces", "state"):
             (self.base / d).mkdir(parents=True)
             os.chmod(self.base / d, 0o1777)
-        os.chmod(self.sock, 0o777)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{net.ip}:{self.port}"
         self.trainers: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         self.agent: GpulensProcess | None = None
-        self.dynolog: DynologDouble | None = None
+        self.dynolog: subprocess.Popen | None = None
 
-    def start_rank(self, rank: int, local_rank: int, world: int, master_port: int, stop_file: Path) -> None:
+    def start_rank(self, rank: int, local_rank: int, world: int, master: str, master_port: int,
+                   stop_file: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_"))}
         env.update(PYTHONPATH=str(hook_path()), OMP_NUM_THREADS="1", GPULENS_JOB_ID="soak", GPULENS_ATTEMPT="0",
                    GPULENS_NAMESPACE="ml", GPULENS_POD_NAME=f"soak-{self.name}", GPULENS_POD_UID=f"uid-{self.name}",
                    GPULENS_NODE_NAME=self.name, GPULENS_CONTAINER_NAME="trainer",
                    GPULENS_REGISTRY_DIR=str(self.base / "reg"), GPULENS_TRACE_DIR=str(self.base / "traces"),
-                   GPULENS_SOCKET_DIR=self.sock, RANK=str(rank), LOCAL_RANK=str(local_rank),
-                   GROUP_RANK=self.name[-1], WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+                   RANK=str(rank), LOCAL_RANK=str(local_rank), GROUP_RANK=self.name[-1], WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR=master, MASTER_PORT=str(master_port),
+                   GLOO_SOCKET_IFNAME=self.net.ifname)
         log = self.base / f"trainer-{rank}.log"
         self.logs.append(log)
         with open(log, "wb") as out:
-            self.trainers.append(subprocess.Popen([sys.executable, TRAINER, str(stop_file), "3000"], env=env,
-                                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            self.trainers.append(subprocess.Popen(self.net.cmd([sys.executable, TRAINER, str(stop_file), "3000"]),
+                                                  env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                  start_new_session=True))
 
     async def start_agent(self, token_file: Path, trigger: str) -> None:
-        args = ["agent", "--listen", f"127.0.0.1:{self.port}", "--node", self.name,
+        args = ["agent", "--listen", f"{self.net.ip}:{self.port}", "--node", self.name,
                 "--registry-dir", str(self.base / "reg"), "--trace-dir", str(self.base / "traces"),
                 "--state-dir", str(self.base / "state"), "--archive-root", f"file://{self.archive}",
                 "--token-file", str(token_file)]
-        if trigger == "dynolog":
-            self.dynolog = DynologDouble(socket_dir=self.sock)
-            await self.dynolog.__aenter__()
-            args += ["--trigger", "dynolog", "--dynolog-addr", f"127.0.0.1:{self.dynolog.port}"]
+        if trigger == "dynolog":            # the node's dynolog: its loopback, its abstract @dynolog
+            self.dynolog = subprocess.Popen(
+                self.net.cmd([sys.executable, "-m", "tests.doubles.dynolog_double", "--port", "0"]), cwd=REPO,
+                stdout=subprocess.PIPE, stderr=open(self.base / "dynolog.log", "wb"), start_new_session=True)
+            ready = json.loads(await asyncio.to_thread(self.dynolog.stdout.readline) or b"{}")
+            if not ready.get("ready"):
+                raise AssertionError(f"the dynolog double on {self.name} did not start: "
+                                     f"{(self.base / 'dynolog.log').read_text()[-2000:]}")
+            args += ["--trigger", "dynolog", "--dynolog-addr", f"127.0.0.1:{ready['rpc_port']}"]
         else:
-            args += ["--trigger", "builtin", "--socket-dir", self.sock]
-        self.agent = await GpulensProcess(args, self.base / "agent.log").start()
+            args += ["--trigger", "builtin"]
+        self.agent = await GpulensProcess(args, self.base / "agent.log", prefix=self.net.cmd([])).start()
         await self.agent.wait_ready(self.url)
 
     def records(self) -> list[Path]:
@@ -108,8 +113,9 @@ class SoakNode:
     async def stop(self) -> None:
         if self.agent:
             await self.agent.stop()
-        if self.dynolog is not None:
-            await self.dynolog.__aexit__(None, None, None)
+        if self.dynolog is not None and self.dynolog.poll() is None:
+            self.dynolog.terminate()
+            await asyncio.to_thread(self.dynolog.wait)
         for t in self.trainers:
             if t.poll() is None:
                 try:
@@ -117,7 +123,6 @@ class SoakNode:
                 except subprocess.TimeoutExpired:
                     os.killpg(t.pid, signal.SIGKILL)
                     t.wait()
-        shutil.rmtree(self.sock, ignore_errors=True)
 
 
 @dataclass
@@ -154,16 +159,26 @@ class Soak:
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gl-soak-", dir="/var/tmp")))
     results: list[CaptureResult] = field(default_factory=list)
     refused_while_running: list[str] = field(default_factory=list)
+    keep: bool = False               # leave base (logs, registries, agent state) for reading afterwards
 
     async def __aenter__(self) -> "Soak":
+        try:
+            return await self._start()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+
+    async def _start(self) -> "Soak":
+        self.nodes, self.net, self.http, self.coordinator = [], None, None, None
         self.archive, self.stop_file = self.base / "archive", self.base / "stop"
         token = self.base / "agent.token"
         token.write_text(AGENT_TOKEN)
-        self.nodes = [SoakNode("node-1", self.base, self.archive), SoakNode("node-2", self.base, self.archive)]
+        self.net = NodeNetwork(2)
+        self.nodes = [SoakNode(f"node-{i + 1}", self.base, self.archive, n) for i, n in enumerate(self.net.nodes)]
         port = free_port()
         for i, node in enumerate(self.nodes):
             for local in (0, 1):
-                node.start_rank(2 * i + local, local, 4, port, self.stop_file)
+                node.start_rank(2 * i + local, local, 4, self.nodes[0].net.ip, port, self.stop_file)
         await asyncio.gather(*(n.start_agent(token, self.trigger) for n in self.nodes))
         end = time.time() + 240
         while not all(len(n.records()) == 2 and all(json.loads(r.read_text()).get("identity") == "process_group"
@@ -195,12 +210,17 @@ class Soak:
             await asyncio.sleep(0.5)
 
     async def __aexit__(self, *exc) -> None:
-        with contextlib.suppress(Exception):
-            await self.coordinator.close()
-        await self.http.close()
+        if self.coordinator is not None:
+            with contextlib.suppress(Exception):
+                await self.coordinator.close()
+        if self.http is not None:
+            await self.http.close()
         self.stop_file.touch()
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
-        shutil.rmtree(self.base, ignore_errors=True)
+        if self.net is not None:
+            self.net.close()
+        if not self.keep:
+            shutil.rmtree(self.base, ignore_errors=True)
 
     async def capture(self, i: int) -> CaptureResult:
         kind = "iterations" if i % 2 == 0 else "window"

@@ -8,6 +8,8 @@ one runs is refused naming it; no trace is left on a node, and no trainer logged
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from capture.agent.steps import first_traced_step
@@ -21,6 +23,11 @@ CAPTURES = 8
 @pytest.mark.parametrize("trigger", ["builtin", "dynolog"])
 async def test_capture_after_capture_every_one_true_and_aligned(trigger):
     async with Soak(trigger=trigger) as soak:
+        # two nodes for real: each node's ranks and agent share one network namespace, not ours,
+        # not the other node's (their gloo collective crosses the segment between them)
+        nets = [{os.readlink(f"/proc/{p.pid}/ns/net") for p in [*n.trainers, n.agent.proc]} for n in soak.nodes]
+        assert all(len(s) == 1 for s in nets) and len(nets[0] | nets[1]) == 2, nets
+        assert os.readlink("/proc/self/ns/net") not in nets[0] | nets[1]
         results = await soak.run(CAPTURES)
         loose = await soak.settled()
         failed_to_open = [line for n in soak.nodes for line in n.failed_to_open()]

@@ -3,7 +3,9 @@ whole loop (exporter -> Prometheus -> rule -> Alertmanager -> gateway -> coordin
 Kineto traces -> verify -> archive -> manifest -> analysis -> verdict -> annotation) and then shuts
 down without leaving a process behind. host_sync and input_starvation arrive as they do in a
 cluster, with a new pod of the same job, judged by the workload's baseline (issue 14); the report's
-verdict answers the alert from the trace (issue 15).
+verdict answers the alert from the trace (issue 15). The serving demo (`--serving`, issue 30): a
+neighbour on one replica's GPU, the alert on that replica, a capture of it and a healthy peer, and
+a verdict judged against the peer.
 
 Needs root (eBPF uprobes on the CUDA stand-in), Prometheus and Alertmanager (scripts/setup.sh).
 """
@@ -15,6 +17,7 @@ import gzip
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +31,7 @@ import pytest
 
 from capture import schemas
 from gpulens.up.layout import Ports
+from gpulens.up.runner import SERVING_PODS, SERVING_REVISION, SERVING_WORKLOAD
 from tests import rule_signals
 from tests.conftest import missing
 
@@ -111,13 +115,13 @@ def interrupt(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_up(tmp_path: Path, env: dict, incident: str):
-    """`gpulens up --demo --incident <incident>` running; on exit: Ctrl-C, then a clean shutdown is checked.
+def running_up(tmp_path: Path, env: dict, incident: str, *extra: str):
+    """`gpulens up --demo --incident <incident> [extra]` running; on exit: Ctrl-C, then a clean shutdown is checked.
 
     Yields (workdir, captures page URL, up's output file, process, ports). The incident is induced once the
     workload has its baseline (up waits for the recorded series), so no fixed delay here decides it."""
     workdir, log_path, base = tmp_path / "up", tmp_path / "up.out", free_port_base()
-    cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", "--incident", incident, "--incident-after", "80",
+    cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", *extra, "--incident", incident, "--incident-after", "80",
            "--workdir", str(workdir), "--port-base", str(base), "--status-interval", "2"]
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -231,3 +235,50 @@ def test_input_starvation_in_a_new_pod_is_diagnosed_and_host_sync_is_not_support
         assert v["verdict"] == "supported", v["why"]
         assert v["checks"]["input_starvation"]["numbers"]["spans"] > 0
         assert v["checks"]["host_sync"]["verdict"] == "not_supported", v["checks"]["host_sync"]["why"]
+
+
+def test_serving_noisy_neighbour_on_one_replica_is_captured_with_its_peer_and_supported(tmp_path, up_env):
+    """Two replicas of Deployment demo/demo-serve, one stand-in GPU each; a neighbour joins the first
+    one's GPU. The rule fires on that replica (its workload, its revision), the gateway captures it
+    plus one healthy peer in a wall-clock window, and the report, comparing the two from the same
+    window, supports noisy_neighbor although a CPU-only trace has no kernels."""
+    affected, peer = SERVING_PODS
+    with running_up(tmp_path, up_env, "noisy_neighbor", "--serving") as (workdir, ui, log_path, proc, ports):
+        capture = alert_capture(ui, proc, log_path)
+        text = log_path.read_text()
+        assert f"serving revision demo/{SERVING_REVISION} attempt 0 registered" in text, text[-4000:]
+        assert text.index("has its baseline") < text.index("inducing incident 'noisy_neighbor'"), text[-4000:]
+        # the alert is about the affected replica only, and names its serving workload and revision
+        assert f"alert firing: GPUWorkloadNoisyNeighbor diagnosis=noisy_neighbor demo/{affected}" in text, \
+            text[-4000:] + "\n" + rule_signals.describe(f"http://127.0.0.1:{ports.prometheus}")
+        assert f"alert firing: GPUWorkloadNoisyNeighbor diagnosis=noisy_neighbor demo/{peer}" not in text
+        assert not any(f"diagnosis={d}" in text for d in ("host_sync", "input_starvation", "unclassified"))
+        fired = prometheus_query(ports, 'max_over_time(ALERTS{alertname="GPUWorkloadNoisyNeighbor",'
+                                        'alertstate="firing"}[30m])')
+        assert [{k: r["metric"].get(k) for k in ("namespace", "pod", "gpulens_workload", "gpulens_job")}
+                for r in fired] == [{"namespace": "demo", "pod": affected, "gpulens_workload": SERVING_WORKLOAD,
+                                     "gpulens_job": SERVING_REVISION}], fired
+        # the capture: the alerted replica plus one healthy peer, wall-clock, both traces archived
+        manifest = json.loads((workdir / "archive" / capture["manifest"]).read_text())
+        assert manifest["fully_succeeded"], manifest["failures"]
+        assert manifest["job_id"] == SERVING_REVISION and manifest["request"]["reason"]["kind"] == "alert"
+        assert manifest["request"]["pods"] == [affected] and manifest["request"]["peers"] == 1
+        assert not manifest["request"].get("iterations")
+        assert sorted((a["rank"], a["pod"]) for a in manifest["artifacts"]) == [(0, affected), (1, peer)]
+        assert len({a["pid"] for a in manifest["artifacts"]}) == 2         # two processes, not one twice
+        # the report compares the affected replica with its peer and supports the diagnosis
+        summary = summary_of(workdir, capture)
+        v, r = summary["verdict"], summary["replicas"]
+        assert r["affected_pods"] == [affected] and r["peer_pods"] == [peer]
+        assert [(p["pod"], p["peer_pod"]) for p in r["pairs"]] == [(affected, peer)]
+        assert v["alert"]["alertname"] == "GPUWorkloadNoisyNeighbor" and v["diagnosis"] == "noisy_neighbor"
+        assert v["verdict"] == "supported", v["why"]
+        assert v["baseline"]["capture_id"] == f"{capture['capture_id']} (healthy peer {peer}, same capture)"
+        n = v["checks"]["noisy_neighbor"]["numbers"]
+        assert v["trace_kind"] == "cpu_only" and n["slowdown"] >= 1.2 and n["own_per_call"] < 1.2, n
+        # what the service's users saw: each replica's own load generator, over HTTP, reports its p95;
+        # the affected replica's doubled since its first (healthy) report, the peer's did not
+        p95 = {pod: [float(x) for x in re.findall(r"p95_ms=([\d.]+)", (workdir / "logs" / f"demo-replica-{i}.log")
+                                                   .read_text())] for i, pod in enumerate(SERVING_PODS)}
+        assert len(p95[affected]) >= 3 and p95[affected][-1] >= 2 * p95[affected][0], p95
+        assert p95[peer][-1] < 1.5 * p95[peer][0], p95

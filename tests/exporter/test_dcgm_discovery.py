@@ -17,8 +17,8 @@ from exporter.dcgm_discovery import DcgmFinder, endpoint_of_pod
 from exporter.service import Exporter
 
 from .conftest import scrape, value
-from .test_dcgm import PAGE, DcgmExporterDouble
-from .test_kube import api_factory, eventually
+from .test_dcgm import PAGE, DcgmExporterDouble, name_pods
+from .test_kube import api_factory, eventually, pod
 
 NODE = "node-a"
 OPERATOR = {"app": "nvidia-dcgm-exporter", "controller-revision-hash": "5d4f"}
@@ -238,6 +238,41 @@ async def test_exporter_joins_the_found_dcgm_exporter_and_follows_its_restart(km
         await eventually(lambda: util() == pytest.approx(0.42))
         state, reason = info()
         assert state == "ok" and "nvidia-dcgm-exporter-b" in reason and str(second.port) in reason
+    finally:
+        stop.set()
+        await task
+        await asyncio.to_thread(exp.close)
+
+
+async def test_without_nvml_the_pod_dcgm_exporter_names_gets_the_device_fields(kmock, dcgm_servers, running):
+    """No NVML in the exporter's container (nothing says which process runs on which GPU): the pod
+    dcgm-exporter names for GPU 0 (from the kubelet's pod-resources) is joined with this node's pod
+    index, which gives its job and workload; a pod the index does not know keeps its name only."""
+    from exporter.kube import PodIndex
+    first, _ = dcgm_servers
+    first.body = name_pods(PAGE, {"0": [("ml", "trainer-7x2", "trainer")], "1": [("ml", "gone-pod", "c")]})
+    kmock.resources["v1/pods"] = {}
+    kmock.objects["v1/pods", "gpu-operator", "nvidia-dcgm-exporter-a"] = dcgm_pod(
+        "nvidia-dcgm-exporter-a", labels=OPERATOR, port=first.port)
+    kmock.objects["v1/pods", "ml", "trainer-7x2"] = pod("trainer-7x2", str(uuid.uuid4()), NODE, namespace="ml",
+                                                        labels={"job-name": "trainer"})
+    pods = PodIndex(api_factory(kmock), NODE, watch_timeout_s=2, read_timeout_s=3, backoff_s=(0.1, 0.2))
+    cfg = ExporterConfig(node=NODE, ebpf=False, nvml="off", dcgm_interval_s=0.1, dcgm_discovery=True)
+    exp = Exporter(cfg, dcgm_finder=finder(kmock), pod_index=pods, nvml_opener=None)
+    await asyncio.to_thread(exp.start)
+    stop = asyncio.Event()
+    task = asyncio.create_task(exp.run_background(stop))
+
+    def util(**labels):
+        return value(scrape(exp), "gpulens_dcgm_gpu_utilization_ratio", **labels)
+    try:
+        await eventually(lambda: pods.synced.is_set() and util(gpu="0") is not None)
+        assert util(gpu="0", namespace="ml", pod="trainer-7x2", gpulens_job="trainer",
+                    gpulens_workload="job/trainer") == pytest.approx(0.87)
+        assert util(gpu="1", namespace="ml", pod="gone-pod", gpulens_job="",
+                    gpulens_workload="Pod/gone-pod") == pytest.approx(0.12)
+        assert value(scrape(exp), "gpulens_dcgm_pcie_bytes_total", gpu="0", direction="tx",
+                     pod="trainer-7x2", gpulens_job="trainer") is not None
     finally:
         stop.set()
         await task

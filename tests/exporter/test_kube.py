@@ -156,6 +156,11 @@ _RS = {"apiVersion": "apps/v1", "kind": "ReplicaSet"}
     # a Deployment: each rollout has a new ReplicaSet <deployment>-<pod-template-hash>
     ("web-6d5f8c7b9-x2lqm", {"pod-template-hash": "6d5f8c7b9"}, [{**_RS, "name": "web-6d5f8c7b9"}], "Deployment/web"),
     ("web-7c9d6b5f4-k8mzt", {"pod-template-hash": "7c9d6b5f4"}, [{**_RS, "name": "web-7c9d6b5f4"}], "Deployment/web"),
+    # armed for serving (issue 30): the job label names the revision, the workload stays the Deployment
+    ("web-6d5f8c7b9-x2lqm", {"pod-template-hash": "6d5f8c7b9", "gpulens.dev/job": "web-6d5f8c7b9",
+                             "gpulens.dev/serving": "Deployment"}, [{**_RS, "name": "web-6d5f8c7b9"}], "Deployment/web"),
+    ("db-0", {"gpulens.dev/job": "db-5d8f7", "gpulens.dev/serving": "StatefulSet"},
+     [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"}], "StatefulSet/db"),
     ("rs-1", {}, [{**_RS, "name": "bare-rs"}], "ReplicaSet/bare-rs"),
     ("rs-1", {"pod-template-hash": "zzz"}, [{**_RS, "name": "other-name"}], "ReplicaSet/other-name"),
     ("db-0", {}, [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"}], "StatefulSet/db"),
@@ -202,6 +207,7 @@ class _Resp:
 def test_label_names_match_the_operators():
     import capture.operator.labels as L
     from exporter import kube
+    assert (kube.SERVING_LABEL, kube.SERVING_KINDS) == (L.SERVING, L.SERVING_KINDS)
     assert (kube.JOB_LABEL, kube.BATCH_JOB_NAME, kube.LEGACY_JOB_NAME, kube.JOBSET_NAME, kube.PYTORCHJOB_NAME) == \
         (L.JOB, L.BATCH_JOB_NAME, L.LEGACY_JOB_NAME, L.JOBSET_NAME, L.PYTORCHJOB_NAME)
 

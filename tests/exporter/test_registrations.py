@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from exporter.attribution import Attributor, Workload
+from exporter.attribution import Attributor, Workload, workload_id
 from exporter.procfs import ProcFS
 from exporter.registrations import RegistrationIndex
 
@@ -69,6 +69,38 @@ def test_hook_written_record_is_understood(tmp_path, child):
     index.refresh()
     got = index.match(child.pid)
     assert (got.namespace, got.pod, got.container, got.job_id) == ("ns-h", "hooked-pod", "c-h", "j")
+
+
+def test_a_hook_record_names_its_serving_workload_and_the_series_carry_it(tmp_path, child):
+    """Without Kubernetes (`gpulens up --demo --serving`), GPULENS_WORKLOAD is what says a pod is a
+    replica of a Deployment: the record carries it (schema-valid) and gpulens_workload becomes it,
+    while gpulens_job stays the revision, as the pod index gives them in a cluster."""
+    from capture import schemas
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "hooks" / "site"))
+    try:
+        import _gpulens_hook as hook
+    finally:
+        sys.path.pop(0)
+    env = {"GPULENS_JOB_ID": "web-6d9f7c8b5", "GPULENS_POD_NAME": "web-6d9f7c8b5-x7k2p", "GPULENS_NAMESPACE": "serve",
+           "GPULENS_WORKLOAD": "Deployment/web"}
+    rec = hook.build_record(env, child.pid, ["python", "serve.py"], time.time())
+    rec["host_pid"] = child.pid
+    schemas.validate("registration", rec)
+    hook.write_atomically(str(tmp_path), hook.record_filename(rec), rec)
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    w = Attributor(ProcFS(), registrations=index).attribute(child.pid)
+    assert (w.job, w.workload, workload_id(w)) == ("web-6d9f7c8b5", "Deployment/web", "Deployment/web")
+    assert "workload" not in hook.build_record({"GPULENS_JOB_ID": "j"}, 1, [], 0.0)   # training: job/<id> as before
+
+
+@pytest.mark.parametrize("value", ["Deployment", "/web", "Deployment/", "Deployment/web ok", "a" * 70 + "/w", 7])
+def test_a_record_workload_that_is_no_kind_and_name_is_ignored(tmp_path, child, value):
+    registration(tmp_path, child.pid, "p", workload=value)
+    index = RegistrationIndex(tmp_path, ProcFS())
+    index.refresh()
+    w = Attributor(ProcFS(), registrations=index).attribute(child.pid)
+    assert w.workload == "" and workload_id(w) == "job/job1"
 
 
 @pytest.mark.parametrize("content", [

@@ -41,7 +41,8 @@ def test_a_newline_in_a_job_or_target_id_or_label_is_refused(bad):
 def test_every_schema_pattern_is_anchored_at_the_end_of_input():
     """Walk every pattern in every schema: a match followed by a newline must not match."""
     samples = {"^[a-z0-9][a-z0-9-]{7,62}$": GOOD_CAPTURE, "^[A-Za-z0-9][A-Za-z0-9._-]*$": "train",
-               "^[0-9a-f]{64}$": "0" * 64}
+               "^[0-9a-f]{64}$": "0" * 64,
+               "^[A-Za-z][A-Za-z0-9]*/[A-Za-z0-9][A-Za-z0-9._-]*$": "Deployment/web"}
     seen = []
 
     def walk(node):
@@ -56,5 +57,6 @@ def test_every_schema_pattern_is_anchored_at_the_end_of_input():
     for name in schemas.SCHEMA_NAMES:
         walk(schemas.load(name))
     for p in {p for p in seen if p.endswith("$")}:
+        assert p in samples, f"new schema pattern {p!r}: give this test a sample that matches it"
         good = samples[p]
         assert schemas._full(p).search(good) and not schemas._full(p).search(good + "\n"), p

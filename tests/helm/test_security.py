@@ -182,3 +182,74 @@ def test_node_servers_can_listen_on_the_node_ip_only():
         if name in ("exporter", "agent"):
             env = {e["name"]: e for e in c["env"]}
             assert env["GPULENS_NODE_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+
+
+def test_serving_workloads_are_armed_only_where_a_namespace_or_the_workload_opted_in():
+    hooks = {w["name"]: w for w in one(render(), "MutatingWebhookConfiguration", "-operator")["webhooks"]}
+    ns, workload = hooks["namespace.serving.arm.gpulens.dev"], hooks["workload.serving.arm.gpulens.dev"]
+    assert ns["namespaceSelector"] == {"matchLabels": {"gpulens.dev/serving": "enabled"}}
+    assert ns["objectSelector"]["matchExpressions"] == [{"key": "gpulens.dev/arm", "operator": "NotIn",
+                                                         "values": ["false"]}]
+    assert workload["objectSelector"] == {"matchLabels": {"gpulens.dev/arm": "true"}}
+    assert "kube-system" in workload["namespaceSelector"]["matchExpressions"][0]["values"]
+    for wh in (ns, workload):
+        assert wh["clientConfig"]["service"]["path"] == "/mutate-serving"
+        assert wh["failurePolicy"] == "Ignore" and wh["sideEffects"] == "None"
+        assert wh["rules"] == hooks["arm.gpulens.dev"]["rules"]
+
+
+def test_a_null_that_clears_the_gpu_selector_survives_helm_upgrade_reuse_values(tmp_path):
+    """`helm upgrade --reuse-values` on a release installed with `nodeSelector: {gpu.present: null}`
+    (the README's test-cluster values): Helm coalesces the new values with the old release's
+    already-coalesced ones, which lack the key, so the null reaches the schema and the templates
+    (the cluster test's upgrade failed "got null, want string"). Reproduced by rendering with the
+    chart's defaults as Helm holds them then: the schema takes the null, the DaemonSets drop it."""
+    import shutil
+
+    import yaml
+    from helm_python import chart as helm_chart
+
+    from .chart import CHART_DIR
+    chart = tmp_path / "gpulens"
+    shutil.copytree(CHART_DIR, chart)
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    values["node"]["nodeSelector"] = {}          # the old release's coalesced values: the key is gone
+    (chart / "values.yaml").write_text(yaml.safe_dump(values))
+    user = {"node": {"nodeSelector": {"nvidia.com/gpu.present": None, "pool": "gpu"}}, "dynolog": {"enabled": True, "image": {"repository": "example.com/dynolog"}}}
+    texts = helm_chart.Chart.load(str(chart)).render(user, name="gl", namespace="gpulens-system")
+    objs = [d for t in texts.values() for d in yaml.safe_load_all(t) if d]
+    daemonsets = by_kind(objs, "DaemonSet")
+    assert len(daemonsets) == 2, [d["metadata"]["name"] for d in daemonsets]    # node agent and dynolog
+    for ds in daemonsets:
+        assert _pod_spec(ds)["nodeSelector"] == {"pool": "gpu"}, ds["metadata"]["name"]
+
+
+@pytest.mark.parametrize("namespace", ["gpulens-system", "inference-obs"])
+def test_the_serving_workload_entrys_exclusions_hold_in_the_webhook_on_kubernetes_1_20(namespace):
+    """The per-workload entry leaves kube-system and the release's namespace out by the label
+    `kubernetes.io/metadata.name`, which the API server sets only from 1.21: on 1.20 (the chart's
+    kubeVersion allows it) the selector matches every namespace. The operator this chart configures
+    must skip exactly those namespaces itself (the rendered config's namespace, plus SERVING_NEVER)."""
+    import json
+
+    import yaml
+
+    from capture.operator.config import OperatorConfig
+    from capture.operator.webhook import SERVING_NEVER, review_response
+    from tests.operator.test_serving_arming import deployment_pod
+    from tests.operator.test_webhook import review
+
+    objs = render(namespace=namespace)
+    hooks = {w["name"]: w for w in one(objs, "MutatingWebhookConfiguration", "-operator")["webhooks"]}
+    (expr,) = hooks["workload.serving.arm.gpulens.dev"]["namespaceSelector"]["matchExpressions"]
+    assert (expr["key"], expr["operator"]) == ("kubernetes.io/metadata.name", "NotIn")
+    config = OperatorConfig.from_dict(yaml.safe_load(one(objs, "ConfigMap", "-operator")["data"]["operator.yaml"]))
+    never = frozenset(SERVING_NEVER + (config.namespace,))
+    assert set(expr["values"]) == never == {"kube-system", namespace}
+
+    def patched(ns: str) -> bool:
+        r = review(deployment_pod(labels={"gpulens.dev/arm": "true"}))
+        r["request"]["namespace"] = r["request"]["object"]["metadata"]["namespace"] = ns
+        return "patch" in json.loads(json.dumps(review_response(r, config.arming, config.image, serving=True,
+                                                                never=never)))["response"]
+    assert [ns for ns in ("kube-system", namespace, "serve") if patched(ns)] == ["serve"]

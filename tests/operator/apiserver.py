@@ -15,6 +15,10 @@ What it adds to kmock 0.8, each as the real API server does it:
   instead removes those owner references and keeps the dependents; an object written with owners
   that are all gone is collected too;
 - a log of every request (method, path, query) for assertions;
+- 1.20's merge patch of a CaptureCoordinator that sets a string field to "": refused with 422
+  (the server stores it as null, which the CRD's schema refuses);
+- NamespaceLifecycle admission for the namespaces named in `terminating`: a create there is
+  refused with 403 and a `NamespaceTerminating` cause, as for a namespace being deleted;
 - optionally (`token_delay_s`), Kubernetes 1.20's ServiceAccount admission with legacy token
   Secrets, which the project's cluster runs: a pod naming a ServiceAccount that does not exist is
   refused with 403, one whose ServiceAccount has no token Secret yet with 500 ServerTimeout ("No
@@ -100,12 +104,43 @@ def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
                                       "code": code, "reason": reason, "message": message}, status=code)
 
 
+def _empty_string_path(doc: Any, path: str = "") -> str | None:
+    """The first field a JSON merge patch sets to "": kube-apiserver 1.20 stores such a value as
+    null, and a CRD field typed string then fails validation (measured on the project's cluster:
+    `{"status": {"podName": ""}}` answered 422 "status.podName ... must be of type string: null")."""
+    if doc == "":
+        return path
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        found = _empty_string_path(value, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _terminating(request: rendering.Request) -> aiohttp.web.Response:
+    """NamespaceLifecycle admission's refusal of a new object in a namespace being deleted
+    (plugin/pkg/admission/namespace/lifecycle, as 1.20 sends it: 403 with a NamespaceTerminating cause)."""
+    ns, plural = request.namespace, request.resource.plural
+    name = ((request.data or {}).get("metadata") or {}).get("name", "") if isinstance(request.data, dict) else ""
+    group = request.resource.group or ""
+    body = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": 403,
+            "reason": "Forbidden",
+            "message": f"{plural}{'.' + group if group else ''} \"{name}\" is forbidden: unable to create new "
+                       f"content in namespace {ns} because it is being terminated",
+            "details": {"name": name, "group": group, "kind": plural,
+                        "causes": [{"reason": "NamespaceTerminating", "message": f"namespace {ns} is being terminated",
+                                    "field": "metadata.namespace"}]}}
+    return aiohttp.web.json_response(body, status=403)
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     log: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)
     agents: list[str] = attrs.field(factory=list, init=False)      # User-Agent of each logged request
     _rv: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
     token_delay_s: float | None = None       # None: no ServiceAccount token admission (see the docstring)
+    terminating: set = attrs.field(factory=set)   # namespaces being deleted: creates in them are refused
     base_url: str = attrs.field(default="", init=False)     # set once serving; the token controller's target
     _token_tasks: set = attrs.field(factory=set, init=False)
 
@@ -126,6 +161,14 @@ class ApiServer(kmock.KubernetesEmulator):
             return await super()._handle(request)
         if str(request.method.value).upper() == "PUT" and request.name:
             return await self._replace(request)
+        if str(request.method.value).upper() == "PATCH" and request.resource.plural == "capturecoordinators" \
+                and isinstance(request.data, dict):
+            empty = _empty_string_path(request.data)
+            if empty:
+                return _status(422, "Invalid", f'CaptureCoordinator.gpulens.dev "{request.name}" is invalid: {empty}: '
+                                               f'Invalid value: "null": {empty} in body must be of type string: "null"')
+        if request.action == enums.action.CREATE and request.namespace in self.terminating:
+            return _terminating(request)
         if self.token_delay_s is not None and request.action == enums.action.CREATE and \
                 request.resource.plural == "pods" and not request.subresource and isinstance(request.data, dict):
             refused = await self._admit_service_account(request)

@@ -18,6 +18,7 @@ import yaml
 
 from .conftest import OPERATOR_NS
 from .test_arming import job_pod
+from .test_serving_arming import deployment_pod
 from .test_kopf_operator import _wait
 from .test_webhook import review
 from .tls import make_certs
@@ -133,6 +134,19 @@ def test_two_replicas_one_leader_failover_and_webhook(tmp_path, apiserver, clust
                 return None
         body = _wait(mutate, f"the webhook on {port}")
         assert body["response"]["allowed"] is True and body["response"]["patchType"] == "JSONPatch"
+    # The serving entry arms an opted-in Deployment pod, but never in kube-system or the operator's
+    # own namespace (the config's): on Kubernetes 1.20 the chart's namespaceSelector cannot exclude them.
+    armed_in = []
+    for ns in ("serve", "kube-system", OPERATOR_NS):
+        r = review(deployment_pod(labels={"gpulens.dev/arm": "true"}))
+        r["request"]["namespace"] = r["request"]["object"]["metadata"]["namespace"] = ns
+        req = urllib.request.Request(f"https://127.0.0.1:{ports[0]}/mutate-serving", data=json.dumps(r).encode(),
+                                     headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(req, context=ctx, timeout=10).read())["response"]
+        assert answer["allowed"] is True
+        if "patch" in answer:
+            armed_in.append(ns)
+    assert armed_in == ["serve"]
 
     job = cluster.job("ml", "llama")
     cluster.pod("ml", "llama-0", job=job)

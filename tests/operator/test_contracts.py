@@ -222,3 +222,14 @@ def test_analysis_local_or_none_passes_no_job_flags():
         args = coordinator_args(_sample_cc(config), config)
         assert args[args.index("--analysis") + 1] == mode
         assert not [a for a in args if a.startswith(("--analysis-", "--coordinator-"))]
+
+
+def test_a_serving_revisions_coordinator_command_line_parses_and_is_within_the_contract():
+    pod = {"metadata": {"name": "web-7f9c8d5b4-x2x9z", "namespace": "serve",
+                        "labels": {L.ARMED: "true", L.JOB: "web-7f9c8d5b4", L.ATTEMPT: "0", L.SERVING: "Deployment"}}}
+    cc = coordinator_resource(job_of_pod(pod), 0, [pod], operator_config())
+    cc["metadata"]["uid"] = "cc-uid"
+    assert validate(cc) == "crd-schema"
+    args = coordinator_args(cc, operator_config())
+    assert "--serving" in args and _flags(args) <= _contract_flags()["coordinator"]
+    assert build_subparser("coordinator")[0].parse_args(args[2:]).serving is True

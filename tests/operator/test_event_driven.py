@@ -48,14 +48,23 @@ def test_token_admission_refuses_pods_until_the_account_has_a_token(apiserver, c
     assert "p" in cluster.names("Pod", "ml")
 
 
-def test_coordinators_follow_events_not_the_resync(tmp_path, apiserver, cluster, gpulens_bin):
+def _operator_after_its_first_resync(tmp_path, apiserver, cluster, gpulens_bin) -> Proc:
+    """`gpulens operator` whose one resync at start is over: from then on only events act."""
     cfg, kc = _files(tmp_path, apiserver, resync_interval_s=RESYNC_S)
     cluster.tokens()
     op = Proc([gpulens_bin, "operator", "--config", str(cfg), "--kubeconfig", str(kc), "--log-level", "debug",
                "--listen", "127.0.0.1:0", "--identity", "op-1"], tmp_path / "operator.log")
     try:
-        # The one resync at start is over: from here on only events can create anything.
         _wait(lambda: "event=resync.done" in op.text(), "the operator's first resync", 120)
+    except BaseException:
+        op.stop()
+        raise
+    return op
+
+
+def test_coordinators_follow_events_not_the_resync(tmp_path, apiserver, cluster, gpulens_bin):
+    op = _operator_after_its_first_resync(tmp_path, apiserver, cluster, gpulens_bin)
+    try:
         job = cluster.job("ml", "llama")
         cluster.pod("ml", "llama-0", job=job)
         cluster.pod("ml", "llama-1", job=job)
@@ -79,6 +88,32 @@ def test_coordinators_follow_events_not_the_resync(tmp_path, apiserver, cluster,
         _wait(lambda: owned_by_new("Pod", "gpulens-llama-a0"), "the new coordinator's Pod", WAIT_S)
         _wait(lambda: owned_by_new("Service", "gpulens-llama"), "the Service, owned by the new coordinator", WAIT_S)
         assert "event=resync.done" not in op.text().split("event=resync.done", 1)[1], "a second resync ran"
+    finally:
+        code = op.stop()
+    assert code == 0, op.text()[-3000:]
+    assert "Traceback" not in op.text(), op.text()[-3000:]
+
+
+def test_a_namespace_being_deleted_is_not_fought(tmp_path, apiserver, cluster, gpulens_bin):
+    """When a job's namespace is deleted, its CaptureCoordinator goes with it and the API server
+    refuses any new object there (403, cause NamespaceTerminating). The operator must not retry the
+    re-creation for half a minute, logging a 403 each time (a CI run's operator did, and the
+    in-cluster 'without a 403' check failed on it): one attempt, then a line saying why it stops."""
+    op = _operator_after_its_first_resync(tmp_path, apiserver, cluster, gpulens_bin)
+    try:
+        job = cluster.job("ml", "llama")
+        cluster.pod("ml", "llama-0", job=job)
+        _wait(lambda: "gpulens-llama-a0" in cluster.names("Pod", "ml"), "the coordinator Pod", WAIT_S)
+        apiserver.loop.call_soon_threadsafe(apiserver.server.terminating.add, "ml")
+        cluster.custom.delete_namespaced_custom_object("gpulens.dev", "v1alpha1", "ml", "capturecoordinators",
+                                                       "gpulens-llama-a0")
+        line = _wait(lambda: next((x for x in op.text().splitlines() if "event=event.dropped" in x), None),
+                     "the operator to drop the re-creation", WAIT_S)
+        assert 'reason="namespace terminating"' in line and "ml/llama" in line, line
+        creates = [r for r in apiserver.requests() if r[0] == "POST" and r[1].endswith("/capturecoordinators")]
+        assert len(creates) == 2, creates          # the first coordinator, then one refused attempt
+        assert not [x for x in op.text().splitlines() if "event=event.retry" in x and "NamespaceTerminating" in x
+                    or "being terminated" in x and "event.dropped" not in x]
     finally:
         code = op.stop()
     assert code == 0, op.text()[-3000:]

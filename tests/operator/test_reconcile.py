@@ -358,3 +358,75 @@ def test_a_service_collected_between_read_and_handover_is_created_again(cluster,
     (svc,) = [s for s in cluster.list("Service", "ml") if s["metadata"]["name"] == "gpulens-llama"]
     assert svc["spec"]["selector"] == {L.COORDINATOR_OF: "gpulens-llama-a1"}
     assert _owner_uids(svc) == [cluster.coordinators("ml")["gpulens-llama-a1"]["metadata"]["uid"]]
+
+
+def _serving_pod(cluster, name: str, revision: str, phase: str = "Running") -> dict:
+    """An armed Deployment pod as the webhook leaves it: its revision's job id and the serving kind."""
+    return cluster.pod("serve", name, lws=1, phase=phase,
+                       labels={L.JOB: f"web-{revision}", L.SERVING: "Deployment", "pod-template-hash": revision})
+
+
+def test_a_serving_revision_gets_one_coordinator_and_a_rolling_update_replaces_it(cluster, reconciler, config):
+    from capture.operator.manifests import coordinator_args
+    for i in range(2):
+        _serving_pod(cluster, f"web-aaaa1-{i}", "aaaa1")
+    reconciler.resync()
+    ccs = cluster.coordinators("serve")
+    assert list(ccs) == ["gpulens-web-aaaa1-a0"]
+    cc = ccs["gpulens-web-aaaa1-a0"]
+    assert cc["spec"]["job"]["groupedBy"] == "Deployment" and "ownerReferences" not in cc["metadata"]
+    assert cc["spec"]["selector"]["matchLabels"][L.JOB] == "web-aaaa1"
+    assert "--serving" in coordinator_args(cc, config)
+    # Mid-rollout: the new revision's first pod gets its own coordinator, the old one stays with its pods.
+    _serving_pod(cluster, "web-bbbb2-0", "bbbb2")
+    reconciler.reconcile_job("serve", "web-bbbb2")
+    assert set(cluster.coordinators("serve")) == {"gpulens-web-aaaa1-a0", "gpulens-web-bbbb2-a0"}
+    cluster.delete_pod("serve", "web-aaaa1-0")
+    reconciler.reconcile_job("serve", "web-aaaa1")
+    assert set(cluster.coordinators("serve")) == {"gpulens-web-aaaa1-a0", "gpulens-web-bbbb2-a0"}
+    # The old revision's last pod goes: so does its coordinator (at the pod's event, and at resync).
+    cluster.delete_pod("serve", "web-aaaa1-1")
+    reconciler.reconcile_job("serve", "web-aaaa1")
+    assert set(cluster.coordinators("serve")) == {"gpulens-web-bbbb2-a0"}
+    reconciler.resync()
+    assert set(cluster.coordinators("serve")) == {"gpulens-web-bbbb2-a0"}
+
+
+def test_a_training_coordinator_is_never_started_as_serving(cluster, reconciler, config):
+    from capture.operator.manifests import coordinator_args
+    job = cluster.job("ml", "llama")
+    cluster.pod("ml", "llama-0", job=job)
+    reconciler.resync()
+    assert "--serving" not in coordinator_args(cluster.coordinators("ml")["gpulens-llama-a0"], config)
+
+
+def test_status_of_a_coordinator_whose_pod_is_gone_is_accepted(cluster, reconciler):
+    """With its Pod gone the status says Pending and names no pod. It once sent podName "", which
+    1.20 refuses in a merge patch (the double does too): the status stayed stale and the handler
+    retried for 30 s before the Pod was recreated (CI, test_4's leader test)."""
+    job = cluster.job("ml", "llama")
+    cluster.pod("ml", "llama-0", job=job)
+    reconciler.reconcile_job("ml", "llama")
+    reconciler.resync()
+    assert cluster.coordinators("ml")["gpulens-llama-a0"]["status"]["podName"] == "gpulens-llama-a0"
+    pod = next(p for p in cluster.list("Pod", "ml") if p["metadata"]["name"] == "gpulens-llama-a0")
+    cluster.delete_pod("ml", "gpulens-llama-a0")
+    reconciler.status_for_pod(pod)            # the Pod's DELETED event
+    status = cluster.coordinators("ml")["gpulens-llama-a0"]["status"]
+    assert status["phase"] == "Pending" and status["conditions"][0]["reason"] == "PodMissing"
+    assert not status.get("podName")
+
+
+def test_a_namespace_being_deleted_does_not_stop_the_resync_of_other_jobs(apiserver, cluster, reconciler):
+    """Hundreds of jobs, one of them in a namespace being deleted: its coordinator cannot be made
+    again (403 NamespaceTerminating) and that is no failure; the other jobs are still reconciled."""
+    for ns in ("going", "staying"):
+        cluster.pod(ns, "llama-0", job=cluster.job(ns, "llama"))
+    reconciler.resync()
+    apiserver.loop.call_soon_threadsafe(apiserver.server.terminating.add, "going")
+    for ns in ("going", "staying"):
+        cluster.custom.delete_namespaced_custom_object("gpulens.dev", "v1alpha1", ns, "capturecoordinators",
+                                                       "gpulens-llama-a0")
+    reconciler.resync()                       # raises nothing: a namespace going is not a failure
+    assert "gpulens-llama-a0" in cluster.coordinators("staying")
+    assert "gpulens-llama-a0" not in cluster.coordinators("going")

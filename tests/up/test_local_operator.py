@@ -43,7 +43,7 @@ def fake_runner(tmp_path: Path):
     layout = Layout.create(tmp_path / "w")
     runner = SimpleNamespace(layout=layout, sup=FakeSupervisor(), said=[])
     runner.say = runner.said.append
-    runner.coordinator_spec = lambda ns, job, attempt, index: ChildSpec(
+    runner.coordinator_spec = lambda ns, job, attempt, index, serving=False: ChildSpec(
         f"coordinator-{ns}-{job}-a{attempt}", ["true"], url=f"http://127.0.0.1:{9470 + index}")
     return runner
 

@@ -85,7 +85,7 @@ def sleeper_runner(tmp_path: Path) -> SimpleNamespace:
     layout = Layout.create(tmp_path / "w")
     runner = SimpleNamespace(layout=layout, sup=Supervisor(layout.logs), said=[])
     runner.say = runner.said.append
-    runner.coordinator_spec = lambda ns, job, attempt, index: ChildSpec(
+    runner.coordinator_spec = lambda ns, job, attempt, index, serving=False: ChildSpec(
         f"coordinator-{ns}-{job}-a{attempt}", [sys.executable, "-c", "import time; time.sleep(120)"],
         url=f"http://127.0.0.1:{9470 + index}", restart=False)
     return runner

@@ -93,3 +93,24 @@ and by the operator into coordinator Pods and analysis Jobs. */}}
 {{- trimSuffix "/" (trimPrefix "file://" .Values.archive.root) | default "/" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Dask scheduler analysis Jobs submit to, as they reach it from any namespace: the chart's
+own (dask.enabled), else dask.existingScheduler ("" for none: each Job analyses alone). */}}
+{{- define "gpulens.daskScheduler" -}}
+{{- if .Values.dask.enabled -}}
+{{- printf "tcp://%s.%s.svc:%v" (include "gpulens.componentName" (dict "root" . "component" "dask-scheduler")) .Release.Namespace .Values.dask.port -}}
+{{- else -}}
+{{- .Values.dask.existingScheduler -}}
+{{- end -}}
+{{- end -}}
+
+{{/* node.nodeSelector without its null entries: a null removes a default key, and `helm upgrade
+--reuse-values` hands the null through to the templates (it coalesces the new values with the
+old release's already-coalesced ones, which no longer have the key to delete). */}}
+{{- define "gpulens.nodeSelector" -}}
+{{- $sel := dict }}
+{{- range $k, $v := .Values.node.nodeSelector }}
+{{- if not (kindIs "invalid" $v) }}{{- $_ := set $sel $k $v }}{{- end }}
+{{- end }}
+{{- toYaml $sel }}
+{{- end }}
