@@ -28,6 +28,7 @@ async def one(trigger: str, n: int, keep: bool) -> None:
         loose = await soak.settled()
         opened = [line for node in soak.nodes for line in node.failed_to_open()]
         refused = len(soak.refused_while_running)
+        explained = soak.explain(results)
     reasons = Counter(t["reason"] for r in results for t in r.targets.values() if t["state"] != "archived")
     iters = [r for r in results if r.kind == "iterations"]
     aligned = sum(1 for r in iters if r.fully_archived and r.misaligned() is None)
@@ -43,6 +44,8 @@ async def one(trigger: str, n: int, keep: bool) -> None:
         secs = [r.seconds for r in results if r.kind == kind]
         if secs:
             print(f"seconds per capture   {kind:10s} median {statistics.median(secs):5.1f}  max {max(secs):5.1f}")
+    for line in explained:                # what the nodes saw of each unproven failure
+        print(f"  unproven: {line}")
     for i, r in enumerate(results):       # every capture not fully archived, with its evidence
         if not r.fully_archived or r.misaligned():
             print(f"  #{i} {r.kind} {r.capture_id} phase={r.phase} start={r.start_iteration} {r.seconds:.1f}s"

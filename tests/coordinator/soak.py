@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -86,10 +87,16 @@ class SoakNode:
                 "--state-dir", str(self.base / "state"), "--archive-root", f"file://{self.archive}",
                 "--token-file", str(token_file)]
         if trigger == "dynolog":            # the node's dynolog: its loopback, its abstract @dynolog
-            self.dynolog = subprocess.Popen(
-                self.net.cmd([sys.executable, "-m", "tests.doubles.dynolog_double", "--port", "0"]), cwd=REPO,
-                stdout=subprocess.PIPE, stderr=open(self.base / "dynolog.log", "wb"), start_new_session=True)
-            ready = json.loads(await asyncio.to_thread(self.dynolog.stdout.readline) or b"{}")
+            # its stdout (the ready line, then one line per config Kineto fetched) goes to a file: a
+            # pipe nobody reads would stop the double once full, and the lines explain a failure
+            with open(self.base / "dynolog.out", "wb") as out:
+                self.dynolog = subprocess.Popen(
+                    self.net.cmd([sys.executable, "-m", "tests.doubles.dynolog_double", "--port", "0"]), cwd=REPO,
+                    stdout=out, stderr=open(self.base / "dynolog.log", "wb"), start_new_session=True)
+            end = time.time() + 60
+            while not (lines := self.dynolog_lines()) and self.dynolog.poll() is None and time.time() < end:
+                await asyncio.sleep(0.1)
+            ready = lines[0] if lines else {}
             if not ready.get("ready"):
                 raise AssertionError(f"the dynolog double on {self.name} did not start: "
                                      f"{(self.base / 'dynolog.log').read_text()[-2000:]}")
@@ -98,6 +105,43 @@ class SoakNode:
             args += ["--trigger", "builtin"]
         self.agent = await GpulensProcess(args, self.base / "agent.log", prefix=self.net.cmd([])).start()
         await self.agent.wait_ready(self.url)
+
+    def dynolog_lines(self) -> list[dict]:
+        path = self.base / "dynolog.out"
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip().endswith("}")]
+
+    def explain(self, target_detail: str) -> str:
+        """What the node saw of one failed target: when (if ever) its trainer's Kineto fetched the
+        config from the dynolog double, whether a trace came later, and the trainer's own lines."""
+        parts = []
+        if self.dynolog is not None:
+            fetched = [d["delivered"] for d in self.dynolog_lines() if "delivered" in d
+                       and d["delivered"].get("log_file") and _stem(d["delivered"]["log_file"]) in target_detail]
+            parts.append("Kineto fetched it at " + ", ".join(time.strftime("%H:%M:%S", time.gmtime(d["at"]))
+                                                            + f".{int(d['at'] * 1000) % 1000:03d}Z" for d in fetched)
+                         if fetched else "Kineto never fetched it from the double")
+        late = [str(p.relative_to(self.archive)) for p in self.archive.rglob("*late*")] if self.archive.exists() else []
+        parts.append(f"late traces archived: {late}")
+        for log in self.logs:
+            own = [line for line in log.read_text(errors="replace").splitlines()
+                   if line and not line.startswith(("ready ", "[gpulens"))]
+            parts.append(f"{log.name}: {own[-8:]}")
+        return f"{self.name}: " + "; ".join(parts)
+
+    def kineto_cancelled(self, target_detail: str) -> str | None:
+        """The trainer's own log line where Kineto cancelled this target's time-based config (same
+        pid, between queueing and the deadline), if there is one: a refusal with Kineto's evidence."""
+        m = _QUEUED.search(target_detail)
+        if m is None:
+            return None
+        queued, pid, deadline = m.groups()
+        for log in self.logs:
+            for line in log.read_text(errors="replace").splitlines():
+                c = KINETO_CANCELLED.match(line)
+                if c and c.group(2) == pid and queued <= c.group(1)[-8:] <= deadline:
+                    return line
+        return None
 
     def records(self) -> list[Path]:
         return sorted((self.base / "reg").glob("*.json"))
@@ -123,6 +167,20 @@ class SoakNode:
                 except subprocess.TimeoutExpired:
                     os.killpg(t.pid, signal.SIGKILL)
                     t.wait()
+
+
+def _stem(log_file: str) -> str:
+    """The capture folder and file stem of a config's log file, as the trace Kineto writes keeps
+    them (it inserts _<pid>; the folder is seen from the trainer's side)."""
+    return "/".join(log_file.rpartition(".json")[0].split("/")[-2:])
+
+
+#: Kineto's own cancellation of a time-based config (dynolog-kineto-protocol.md 4.4): its profiler
+#: thread, ticking every second, must activate the request within one tick of parse + 1 s; a tick
+#: that wakes late (a loaded machine) cancels it, and Kineto writes no trace
+KINETO_CANCELLED = re.compile(r"^\w+:(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (\d+):\d+ \S+\] Not starting tracing - "
+                              r"(insufficient time for warmup|start timestamp is in the past)")
+_QUEUED = re.compile(r"queued at (\d\d:\d\d:\d\d)Z, but no \S+_(\d+)\.json by the deadline (\d\d:\d\d:\d\d)Z")
 
 
 @dataclass
@@ -159,6 +217,7 @@ class Soak:
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gl-soak-", dir="/var/tmp")))
     results: list[CaptureResult] = field(default_factory=list)
     refused_while_running: list[str] = field(default_factory=list)
+    kineto_cancellations: list[str] = field(default_factory=list)   # filled by explain()
     keep: bool = False               # leave base (logs, registries, agent state) for reading afterwards
 
     async def __aenter__(self) -> "Soak":
@@ -246,6 +305,20 @@ class Soak:
                                record.start_iteration)
         self.results.append(result)
         return result
+
+    def explain(self, results: list[CaptureResult]) -> list[str]:
+        """Each unproven failure with what its node saw (SoakNode.explain), less those whose trainer
+        logged Kineto cancelling the config (kept in `kineto_cancellations`)."""
+        out = []
+        for r in results:
+            for line in r.unproven():
+                nodes = [n for n in self.nodes if f"/{n.name}/" in line]
+                cancelled = next((c for n in nodes if (c := n.kineto_cancelled(line))), None)
+                if cancelled and line.split(": ", 2)[1] == "trace_timeout":
+                    self.kineto_cancellations.append(f"{r.capture_id} {line.split(':')[0]}: {cancelled}")
+                    continue
+                out.append(f"{r.capture_id} {line} || " + " | ".join(n.explain(line) for n in nodes))
+        return out
 
     async def run(self, n: int) -> list[CaptureResult]:
         for i in range(n):

@@ -32,11 +32,17 @@ async def test_capture_after_capture_every_one_true_and_aligned(trigger):
         loose = await soak.settled()
         failed_to_open = [line for n in soak.nodes for line in n.failed_to_open()]
         refused = list(soak.refused_while_running)
+        explained = soak.explain(results)      # read before the nodes' folders go
     summary = [(r.capture_id, r.kind, r.phase, {t: (v["state"], v["reason"]) for t, v in r.targets.items()})
                for r in results]
     assert all(r.phase == "converged" and len(r.targets) == 4 for r in results), summary
-    assert [u for r in results for u in r.unproven()] == [], summary
-    assert sum(r.fully_archived for r in results) >= CAPTURES - 1, summary    # a missed start at most, said so
+    assert explained == [], (explained, summary)      # every other failure proven by the agent
+    # a missed start at most, said so; and per config Kineto itself cancelled (its own log line, a
+    # profiler tick that woke late: dynolog-kineto-protocol.md 4.4), that capture and the rank's next
+    # one (its config waits for the one Kineto never answers: busy_timeout, said so)
+    cancelled = list(soak.kineto_cancellations)
+    assert len(cancelled) <= 1, cancelled
+    assert sum(not r.fully_archived for r in results) <= 1 + 2 * len(cancelled), (summary, cancelled)
     for r in results:
         if r.kind == "iterations" and r.fully_archived:
             assert r.misaligned() is None, (r.capture_id, r.misaligned())

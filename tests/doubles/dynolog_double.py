@@ -316,7 +316,9 @@ async def _main(argv: list[str]) -> int:
     a = p.parse_args(argv)
 
     def report(d: DoubleDelivery) -> None:
-        print(json.dumps({"delivered": {"job": d.job, "pid": d.pid, "at": d.at}}), flush=True)
+        log_file = next((line.strip().partition("=")[2] for line in d.config.splitlines()
+                         if line.strip().startswith("ACTIVITIES_LOG_FILE=")), None)
+        print(json.dumps({"delivered": {"job": d.job, "pid": d.pid, "at": d.at, "log_file": log_file}}), flush=True)
 
     double = DynologDouble(host=a.host, port=a.port, socket_dir=a.socket_dir, keepalive_s=a.keepalive_s,
                            gc_interval_s=a.gc_interval_s, on_delivery=report)
