@@ -117,9 +117,9 @@ def test_a_noisy_neighbour_on_a_cpu_only_replica_is_judged_by_its_peer(builder, 
     c = v["checks"]["noisy_neighbor"]
     assert v["trace_kind"] == "cpu_only" and v["verdict"] == "supported", v["why"]
     n = c["numbers"]
-    # behind a 60 ms device wait its own operators run on colder caches (CI measured 1.21x per call):
-    # most of the pace is still lost outside them
-    assert n["slowdown"] >= 2 and n["own_per_call"] < 1.5 and n["lost_outside_own_work"] >= 1.8, n
+    # behind a 60 ms device wait its microsecond operators run on colder caches (1.2x to 2.3x per call
+    # measured, run to run), but they fill a few percent of the peer's time: the pace is lost outside them
+    assert n["slowdown"] >= 2 and n["peer_busy_share"] < 0.3 and n["lost_outside_own_work"] >= 1.8, n
     assert c["cannot_see"] == ["GPU kernel time per step"] and "healthy peer" in c["why"]
     assert s["replicas"]["peer_pods"] == ["web-b"]
     # controls: the healthy replica named (its peer is the slow one), and two healthy replicas
@@ -145,7 +145,7 @@ def _as_rank(path: Path, rank: int) -> bytes:
 
 def _replica_evidence(rank: int, calls: int, us_per_call: float) -> dict:
     """One rank's per-rank evidence as the summary carries it: a CPU-only replica without steps whose
-    three operators ran `calls` times each in the window, `us_per_call` each."""
+    three operators ran `calls` times per second each, `us_per_call` each (profile values per second)."""
     return {"rank": rank, "steps": 0, "step_mean_us": None, "profile_unit": "second", "kernel_per_step_us": None,
             "gpu_idle_in_steps_pct": None,
             "host_blocking": {"share_pct": 0.0, "per_step_us": None, "total_us": 0, "events": 0, "by_name": [],
@@ -155,20 +155,22 @@ def _replica_evidence(rank: int, calls: int, us_per_call: float) -> dict:
                         for n in ("aten::addmm", "aten::relu", "aten::linear")]}
 
 
-@pytest.mark.parametrize("peer_calls,own_us,verdict", [
-    (300, 12.0, "supported"),       # 3x slower, own ops 1.2x per call: 2.5x lost outside them
-    (300, 14.0, "supported"),       # 1.4x per call still leaves 2.1x outside
-    (300, 16.0, "inconclusive"),    # 1.6x per call: its own operators are a cause of their own
-    (130, 12.0, "inconclusive"),    # 1.3x slower with 1.2x per call: almost all of it is its own work
-    (102, 10.0, "not_supported"),   # as much done as the peer
+@pytest.mark.parametrize("peer_calls,peer_us,own_us,verdict", [
+    (300, 10.0, 24.0, "supported"),        # 3x slower; own ops 2.4x per call but 1 % of the peer's time
+    (300, 1000.0, 1200.0, "supported"),    # the peer is 90 % busy in them, 1.2x per call explains 1.18x of 3x
+    (300, 1000.0, 3000.0, "inconclusive"),  # 90 % busy and 3x per call: its own work explains the 3x
+    (130, 1000.0, 1300.0, "inconclusive"),  # 1.3x slower, 39 % busy at 1.3x per call: almost all its own
+    (102, 10.0, 10.0, "not_supported"),    # as much done as the peer
 ])
-def test_own_work_counts_against_the_slowdown_it_explains(peer_calls, own_us, verdict):
-    """The replica behind the neighbour makes 100 calls per operator; the peer `peer_calls` at 10 µs each."""
+def test_own_work_explains_only_its_share_of_the_slowdown(peer_calls, peer_us, own_us, verdict):
+    """The replica behind the neighbour makes 100 calls per second per operator; the peer `peer_calls`."""
     from capture.analysis.verdicts import judge
     v = judge({"kind": "alert", "diagnosis": "noisy_neighbor"}, [_replica_evidence(0, 100, own_us)], "cpu_only",
               {"capture_id": "c (peer)", "summary_uri": None, "peer": True,
-               "evidence": [_replica_evidence(0, peer_calls, 10.0)]})
+               "evidence": [_replica_evidence(0, peer_calls, peer_us)]})
     c = v["checks"]["noisy_neighbor"]
     assert c["verdict"] == verdict, c["why"]
     if verdict != "not_supported":
-        assert c["numbers"]["lost_outside_own_work"] == round(c["numbers"]["slowdown"] / c["numbers"]["own_per_call"], 3)
+        n = c["numbers"]
+        assert n["peer_busy_share"] == round(min(1.0, 3 * peer_calls * peer_us / 1e6), 4)
+        assert n["lost_outside_own_work"] == pytest.approx(n["slowdown"] / n["explained_by_own_work"], abs=2e-3)

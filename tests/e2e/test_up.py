@@ -275,8 +275,7 @@ def test_serving_noisy_neighbour_on_one_replica_is_captured_with_its_peer_and_su
         assert v["verdict"] == "supported", v["why"]
         assert v["baseline"]["capture_id"] == f"{capture['capture_id']} (healthy peer {peer}, same capture)"
         n = v["checks"]["noisy_neighbor"]["numbers"]
-        assert v["trace_kind"] == "cpu_only" and n["slowdown"] >= 1.2 and n["own_per_call"] < 1.5 \
-            and n["lost_outside_own_work"] >= 1.2, n
+        assert v["trace_kind"] == "cpu_only" and n["slowdown"] >= 1.2 and n["lost_outside_own_work"] >= 1.2, n
         # what the service's users saw: each replica's own load generator, over HTTP, reports its p95;
         # the affected replica's doubled since its first (healthy) report, the peer's did not
         p95 = {pod: [float(x) for x in re.findall(r"p95_ms=([\d.]+)", (workdir / "logs" / f"demo-replica-{i}.log")
