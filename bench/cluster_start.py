@@ -2,7 +2,7 @@
 median wall time until the node is Ready and the default ServiceAccount exists; and `down`'s time.
 The cold path (compiling Kubernetes) prints its own per-binary times from cluster/build.sh; run it
 with an empty cache: GPULENS_CLUSTER_CACHE=/tmp/empty python bench/cluster_start.py --runs 1.
-Root only; leaves the cluster down."""
+`--nodes 2` times the two-node cluster (issue 33). Root only; leaves the cluster down."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ def timed(*args: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=1)
     a = ap.parse_args()
     timed("down")
     ups, downs = [], []
     for i in range(a.runs):
-        ups.append(timed("up"))
+        ups.append(timed("up", "--nodes", str(a.nodes)))
         downs.append(timed("down"))
         print(f"run {i + 1}: up {ups[-1]:.1f} s, down {downs[-1]:.1f} s", flush=True)
-    print(f"median: up {statistics.median(ups):.1f} s, down {statistics.median(downs):.1f} s")
+    print(f"median ({a.nodes} node(s)): up {statistics.median(ups):.1f} s, down {statistics.median(downs):.1f} s")
 
 
 if __name__ == "__main__":

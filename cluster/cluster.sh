@@ -36,8 +36,13 @@ SOCK=$RUN/containerd.sock
 PAUSE_REF=localhost/gpulens-pause:1
 NODES=${GPULENS_CLUSTER_NODES:-1}
 CLUSTER_CIDR=10.244.0.0/16
-#: Host folders the chart's hostPath volumes use: each extra node gets its own copy of them.
-NODE_PRIVATE_DIRS=(/var/lib/gpulens /run/gpulens)
+#: Host folders the chart's hostPath volumes use: each extra node gets its own copy of them. The
+#: chart's defaults (/var/lib/gpulens, /run/gpulens) and the README's test-cluster values (node.paths
+#: under the cluster's state, so that `down` removes them): an agent must see only its own node's
+#: registrations, sockets and traces. And the kubelet's pod log folder: each kubelet removes the
+#: log folders of pods it does not run, so a shared one loses the other node's container logs.
+NODE_PRIVATE_DIRS=(/var/lib/gpulens /run/gpulens /var/lib/gpulens-cluster/node /run/gpulens-cluster/node
+                   /var/log/pods /var/log/containers)
 SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
          net.ipv4.conf.all.route_localnet vm.overcommit_memory kernel.panic kernel.panic_on_oops
          net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
@@ -426,7 +431,9 @@ node_down() {  # stop node K's components, end its namespaces, undo its network 
 private_dirs_up() {  # the mount points of the nodes' own host folders; down removes the ones made here
   local d
   for d in "${NODE_PRIVATE_DIRS[@]}"; do
-    [ -d "$d" ] || { mkdir -p "$d"; echo "$d" >> "$RUN/dirs.made"; }
+    [ -d "$d" ] && continue
+    mkdir -p "$d"
+    case $d in "$STATE"/* | "$RUN"/*) ;; *) echo "$d" >> "$RUN/dirs.made" ;; esac   # the state goes whole
   done
 }
 

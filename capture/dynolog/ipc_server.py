@@ -9,6 +9,16 @@ it, so a request during a trace waits in the slot and shows as busy), processes 
 pid, never through its ancestors, so a worker's children that inherited the job id are not traced.
 What Kineto then did with a fetched config (started, finished, refused) is read from its later
 polls by `KinetoWatch` and reported through `on_kineto`.
+
+Kineto waits about 50 ms for an answer (`poll_recv`, 5 tries 10 ms apart) and then reads the first
+datagram in its socket at its *next* poll, whatever that answered. So an answer sent late is
+worse than none: it stays queued, and from then on Kineto reads every answer one poll late, one
+more poll for each late answer. An endpoint that stalled (a stopped or starved agent: up to
+`net.unix.max_dgram_qlen`, 10, polls queue meanwhile) would leave Kineto several polls behind for
+the rest of the process's life, every config fetched 5 s x N after the agent handed it over and
+then called refused. The kernel stamps each datagram as it is queued (SO_TIMESTAMPNS): a poll that
+waited past `answer_window_s` is not answered (the process is still kept alive, nothing is handed
+over on it); its next poll, 5 s later, is.
 """
 
 from __future__ import annotations
@@ -59,25 +69,22 @@ class KnownProcess:
         return self.pids[0]
 
 
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, endpoint: "KinetoEndpoint"):
-        self.endpoint = endpoint
+#: Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; asm-generic/socket.h), which Python does not name:
+#: each received datagram carries the wall-clock time the kernel queued it (struct timespec).
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@qq")
+#: Kineto gives an answer about 50 ms (IpcFabricConfigClient.cpp: maxIpcRetries 5 x kSleepUs 10 ms;
+#: older builds 9 x 10 ms). Answering within 40 ms of the poll being queued leaves room to send.
+ANSWER_WINDOW_S = 0.040
+_MAX_DATAGRAM = 1 << 16
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
-    def datagram_received(self, data: bytes, addr) -> None:
-        if not self.endpoint.may_answer(addr):
-            return
-        reply = self.endpoint.handle(data)
-        if reply is not None and addr:
-            try:
-                self.transport.sendto(reply, addr)
-            except OSError as exc:  # the client vanished between its send and our answer
-                _log.debug("ipc.reply_failed", peer=str(addr), error=str(exc))
-
-    def error_received(self, exc: Exception) -> None:
-        _log.debug("ipc.socket_error", error=str(exc))
+def _queued_at(ancdata) -> float | None:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return sec + nsec / 1e9
+    return None
 
 
 class KinetoEndpoint:
@@ -85,7 +92,7 @@ class KinetoEndpoint:
                  keepalive_s: float = 60.0, gc_interval_s: float = 60.0,
                  on_delivered: Callable[[Delivery], None] | None = None,
                  on_kineto: Callable[[KinetoOutcome], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, answer_window_s: float = ANSWER_WINDOW_S):
         self.socket_dir = os.path.abspath(socket_dir) if socket_dir else None
         self.address = ipcwire.endpoint_address(name, self.socket_dir)
         self.keepalive_s, self.gc_interval_s = keepalive_s, gc_interval_s
@@ -93,7 +100,9 @@ class KinetoEndpoint:
         self._clock = clock
         self._procs: dict[tuple[int, frozenset[int]], KnownProcess] = {}
         self._gpu_ctx: dict[tuple[int, int], set[int]] = {}
-        self._transport: asyncio.DatagramTransport | None = None
+        self.answer_window_s = answer_window_s
+        self.late_unanswered = 0   # polls that waited past the window, so got no answer
+        self._sock: socket.socket | None = None
         self._gc_task: asyncio.Task | None = None
         self._refused: set[str] = set()
         self.on_kineto = on_kineto
@@ -114,9 +123,10 @@ class KinetoEndpoint:
             if exc.errno == errno.EADDRINUSE:
                 raise EndpointBusy(exc.errno, f"another endpoint is bound at {self.describe()}") from exc
             raise OSError(exc.errno, f"cannot bind Kineto's IPC endpoint at {self.describe()}: {exc.strerror}") from exc
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        self._transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
+        self._sock = sock
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
         self._gc_task = asyncio.create_task(self._gc_loop(), name="kineto-endpoint-gc")
         _log.info("ipc.listening", address=self.describe())
 
@@ -141,9 +151,10 @@ class KinetoEndpoint:
                 await self._gc_task
             except asyncio.CancelledError:
                 pass
-        if self._transport:
-            self._transport.close()
-            self._transport = None
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
         if isinstance(self.address, str):
             try:
                 os.unlink(self.address)
@@ -232,12 +243,41 @@ class KinetoEndpoint:
 
     # --- the Kineto side -------------------------------------------------------------------
 
-    def handle(self, datagram: bytes) -> bytes | None:
-        """Answer one datagram (None: no answer, as dynolog does for malformed input)."""
+    def _readable(self) -> None:
+        """Everything queued now, oldest first: each datagram answered only while its sender
+        still waits for the answer (module docstring)."""
+        while self._sock is not None:
+            try:
+                data, anc, _flags, addr = self._sock.recvmsg(_MAX_DATAGRAM, socket.CMSG_SPACE(_TIMESPEC.size))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                _log.debug("ipc.socket_error", error=str(exc))
+                return
+            if not self.may_answer(addr):
+                continue
+            queued = _queued_at(anc)
+            waited = time.time() - queued if queued is not None else 0.0
+            late = waited > self.answer_window_s
+            reply = self.handle(data, late=late)
+            if late:
+                self.late_unanswered += 1
+                _log.info("ipc.late_poll_unanswered", peer=str(addr), waited_ms=round(waited * 1000),
+                          why="Kineto stopped waiting; a late answer would leave every later one a poll behind")
+            elif reply is not None and addr:
+                try:
+                    self._sock.sendto(reply, addr)
+                except OSError as exc:  # the client vanished between its send and our answer
+                    _log.debug("ipc.reply_failed", peer=str(addr), error=str(exc))
+
+    def handle(self, datagram: bytes, *, late: bool = False) -> bytes | None:
+        """Answer one datagram (None: no answer, as dynolog does for malformed input). `late`: its
+        sender gave up waiting: it still counts as a sign of life, but nothing is handed over."""
         try:
             msg_type, payload = ipcwire.unpack(datagram)
             if msg_type.startswith("req"):
-                return self._on_request(ipcwire.parse_request(payload))
+                req = ipcwire.parse_request(payload)
+                return self._on_request(req) if not late else self._on_late_request(req)
             if msg_type.startswith("ctxt"):
                 ctx = ipcwire.parse_context(payload)
                 pids = self._gpu_ctx.setdefault((ctx.job_id, ctx.gpu), set())
@@ -246,6 +286,14 @@ class KinetoEndpoint:
             _log.warning("ipc.unknown_type", type=msg_type)
         except ipcwire.WireError as exc:
             _log.warning("ipc.bad_datagram", error=str(exc))
+        return None
+
+    def _on_late_request(self, req: ipcwire.Request) -> None:
+        """A poll nobody waits for: keeps a known process alive, hands nothing over, and tells the
+        watch nothing (its busy bit is as old as the poll)."""
+        proc = self._procs.get((req.job_id, frozenset(req.pids)))
+        if proc is not None:
+            proc.last_seen = self._clock()
         return None
 
     def _on_request(self, req: ipcwire.Request) -> bytes:

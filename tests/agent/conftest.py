@@ -34,6 +34,10 @@ async def double(sock_dir):
     await d.stop()
 
 
+#: How long Kineto waits for an answer to a poll (IpcFabricConfigClient.cpp: 5 tries, 10 ms apart).
+KINETO_ANSWER_WAIT_S = 0.05
+
+
 class KinetoPoller:
     """Stands for Kineto's IpcFabricConfigClient: binds `dynoconfigclient<uuid>` (abstract with a
     trailing NUL, or `<dir>/dynoconfigclient<uuid>`), sends `req` datagrams (40-byte header
@@ -60,10 +64,32 @@ class KinetoPoller:
         """raw() for datagrams that should get no answer: a short wait is enough (replies take ~ms)."""
         return self.raw(datagram, 0.5)
 
-    def poll(self, config_type: int = 3, timeout: float = 2.0) -> str | None:
-        """One poll; returns the config text ('' when nothing is pending), None when unanswered."""
+    def request(self, config_type: int = 3) -> bytes:
         payload = struct.pack("<iiq", config_type, len(self.pids), self.job) + struct.pack(f"<{len(self.pids)}i", *self.pids)
-        reply = self.raw(struct.pack("<Q32s", len(payload), b"req") + payload, timeout)
+        return struct.pack("<Q32s", len(payload), b"req") + payload
+
+    def send_poll(self, config_type: int = 3) -> None:
+        """Send a poll and read nothing: a poll Kineto gave up waiting for."""
+        self.sock.sendto(self.request(config_type), self.server)
+
+    def queued_answers(self) -> int:
+        """Datagrams waiting in this client's socket (read and dropped): what Kineto would take
+        for the answers to its next polls."""
+        n = 0
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.sock.recv(1 << 16)
+                n += 1
+        except BlockingIOError:
+            return n
+        finally:
+            self.sock.setblocking(True)
+
+    def poll(self, config_type: int = 3, timeout: float = 2.0) -> str | None:
+        """One poll; returns the config text ('' when nothing is pending), None when unanswered.
+        Kineto itself waits 50 ms (KINETO_ANSWER_WAIT_S) and reads one datagram, the first queued."""
+        reply = self.raw(self.request(config_type), timeout)
         if reply is None:
             return None
         size, kind = struct.unpack_from("<Q32s", reply)

@@ -6,12 +6,15 @@ import asyncio
 import os
 import socket
 import struct
+import time
 import uuid
 
 import pytest
 
 from capture.dynolog import EndpointBusy, KinetoEndpoint, PidOutcome
 from capture.dynolog.ipcwire import endpoint_address
+
+from tests.agent.conftest import KINETO_ANSWER_WAIT_S
 
 CONFIG = "ACTIVITIES_LOG_FILE=/t/c/rank-0.json\nACTIVITIES_DURATION_MSECS=500"
 
@@ -99,6 +102,33 @@ async def test_malformed_datagrams_get_no_answer_and_do_not_break_it(endpoint, s
     ctxt = await asyncio.to_thread(p.raw, header.pack(16, b"ctxt") + struct.pack("<iiq", 0, 100, 7))
     assert ctxt[40:] == struct.pack("<i", 1)
     assert await p.apoll() == ""  # still serving
+
+
+async def test_polls_kineto_gave_up_on_get_no_answer_so_later_answers_are_not_behind(endpoint, sock_dir, poller_factory):
+    """The endpoint stalls (its loop blocked: a stopped or starved agent) while a trainer polls
+    three times; Kineto waits 50 ms for each answer, then gives up. Answering those polls would
+    queue three stale answers in Kineto's socket, which reads one datagram per poll: the config
+    triggered next would reach it three polls (15 s) late, and the agent would call it refused.
+    So: no answer to a poll that waited past the window, the config is handed over on the first
+    poll that still waits for it, and nothing is left queued."""
+    worker = poller_factory(sock_dir, 7, [100])
+    assert await worker.apoll() == ""                        # registered
+    for _ in range(3):
+        worker.send_poll()
+    time.sleep(0.2)                                          # the stall itself (the loop is blocked)
+    stalled_until = time.monotonic()
+    # the loop runs again and reads the three polls (each refreshes the process)
+    deadline = stalled_until + 5
+    while not (endpoint.processes() and endpoint.processes()[0].last_seen >= stalled_until) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert [p.leaf for p in endpoint.processes()] == [100]   # still known: a late poll is a sign of life
+    assert worker.queued_answers() == 0                      # none of the three was answered
+    endpoint.trigger(CONFIG, [100], 7, trace_id="77")
+    got = await asyncio.to_thread(worker.poll, 3, KINETO_ANSWER_WAIT_S)    # Kineto's own wait
+    assert got is not None and "REQUEST_TRACE_ID=77" in got
+    assert [d.trace_id for d in endpoint.deliveries] == ["77"]
+    assert worker.queued_answers() == 0
+    assert endpoint.late_unanswered == 3
 
 
 async def test_peers_outside_the_socket_dir_are_never_answered(endpoint, sock_dir, poller_factory, tmp_path):

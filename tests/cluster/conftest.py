@@ -7,6 +7,7 @@ under CI=true that is a failure (the cluster is a required real component)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -71,10 +72,9 @@ def api(cluster: Cluster):
     return client.CoreV1Api(config.new_client_from_config(config_file=cluster.kubeconfig))
 
 
-@pytest.fixture(scope="package")
-def toolbox(cluster, tmp_path_factory) -> str:
-    """A busybox image built from Debian's busybox-static (no registry here), loaded into the node."""
-    out = tmp_path_factory.mktemp("toolbox") / "toolbox.tar"
+def load_toolbox(tmp_dir: Path) -> str:
+    """A busybox image built from Debian's busybox-static (no registry here), loaded into every node."""
+    out = tmp_dir / "toolbox.tar"
     subprocess.run([sys.executable, str(REPO / "cluster" / "oci_image.py"), "--ref", TOOLBOX, "--out", str(out),
                     "--entrypoint", BB, f"{BB}:bin/busybox"], check=True, capture_output=True)
     r = cluster_sh("load", str(out))
@@ -82,15 +82,14 @@ def toolbox(cluster, tmp_path_factory) -> str:
     return TOOLBOX
 
 
-@pytest.fixture(scope="package")
-def gpulens_image(cluster, tmp_path_factory) -> str:
-    """The image/ room's image, built (cached by its context hash) and imported into the node."""
+def load_gpulens_image(tmp_dir: Path) -> str:
+    """The image/ room's image, built (cached by its context hash) and imported into every node."""
     if not (REPO / "image" / "build.sh").exists():
         pytest.fail("image/build.sh is missing: the cluster runs the image from the image room")
     r = subprocess.run(["bash", str(REPO / "image" / "build.sh")], capture_output=True, text=True, timeout=3000)
     assert r.returncode == 0, r.stderr[-6000:]
     name = r.stdout.strip().splitlines()[-1]
-    tar = tmp_path_factory.mktemp("image") / "gpulens.tar"
+    tar = tmp_dir / "gpulens.tar"
     s = subprocess.run(["bash", str(REPO / "image" / "podman"), "save", "-o", str(tar), name],
                        capture_output=True, text=True, timeout=900)
     assert s.returncode == 0, s.stderr
@@ -98,6 +97,16 @@ def gpulens_image(cluster, tmp_path_factory) -> str:
     assert r.returncode == 0, r.stderr
     tar.unlink()
     return name
+
+
+@pytest.fixture(scope="package")
+def toolbox(cluster, tmp_path_factory) -> str:
+    return load_toolbox(tmp_path_factory.mktemp("toolbox"))
+
+
+@pytest.fixture(scope="package")
+def gpulens_image(cluster, tmp_path_factory) -> str:
+    return load_gpulens_image(tmp_path_factory.mktemp("image"))
 
 
 @dataclass
@@ -112,10 +121,10 @@ class S3:
                             region_name=S3_CREDS["AWS_DEFAULT_REGION"])
 
 
-@pytest.fixture(scope="package")
-def s3(cluster):
+@contextlib.contextmanager
+def s3_server():
     """A moto S3 server (a real S3 wire protocol server) on the node's bridge address, where the
-    agent and coordinator pods reach it: the archive of the loop tests."""
+    agent and coordinator pods reach it, with the tests' bucket."""
     from tests.conftest import free_port
     from tests.s3server import stop_process
     port = free_port()
@@ -128,6 +137,13 @@ def s3(cluster):
         yield store
     finally:
         stop_process(proc)
+
+
+@pytest.fixture(scope="package")
+def s3(cluster):
+    """The archive of the loop tests."""
+    with s3_server() as store:
+        yield store
 
 
 class Grafana:
@@ -181,14 +197,20 @@ class Grafana:
             return json.loads(r.read())
 
 
-@pytest.fixture(scope="package")
-def grafana(cluster):
-    """The annotations target of the coordinators (the README's `grafana.url`)."""
+@contextlib.contextmanager
+def grafana_server():
     server = Grafana(GRAFANA_TOKEN).start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="package")
+def grafana(cluster):
+    """The annotations target of the coordinators (the README's `grafana.url`)."""
+    with grafana_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="package")
@@ -202,11 +224,11 @@ def release(cluster, api, gpulens_image, s3, grafana):
     install = readme_install(gpulens_image, s3.endpoint, grafana.url)
     out = install.run(api, cluster.kubeconfig, REPO, exists_ok=lambda status: REUSE and status == 409)
     if REUSE:
-        _restart_release_pods(api)
+        restart_release_pods(api)
     return out
 
 
-def _restart_release_pods(api) -> None:
+def restart_release_pods(api) -> None:
     """A kept cluster's pods may run another worktree's image under the same tag (an upgrade
     restarts only pods whose spec changed): start every release pod again from the loaded image."""
     from .harness import NS

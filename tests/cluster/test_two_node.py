@@ -3,22 +3,35 @@ pods on either node reach each other and Services across the nodes (a pod CIDR p
 between the namespaces); hostPath, hostPID and pod cgroups mean the pod's own node; `down` gives
 the machine back as test_9 checks it for one node.
 
+Then the design's own smoke test (issue 33): the chart on both nodes, a DDP job of two pods (one
+per node) with two torchrun workers each, four ranks in one gloo world; one capture through the
+gateway archives every rank by its own node's agent under one manifest, the analysis Job reads
+all four; an iteration capture traces the same iterations on every rank; a hung agent on the
+second node costs only that node's ranks, and the next capture archives all four again.
+
 Runs after test_9 (file order): the package's cluster is brought up again with two nodes for this
 module (a warm `up`) and taken down by its last test."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shutil
-import subprocess
-import sys
+import signal
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import REUSE
-from .harness import (BB, KUBECONFIG, NODE, NODE2, NODE2_IP, REPO, STATE, TOOLBOX, cluster_sh, down, machine_diff,
-                      machine_state, node_count, sysctls_changed_by_others, up, wait_until)
+from .conftest import (REUSE, S3, Grafana, grafana_server, load_gpulens_image, load_toolbox, restart_release_pods,
+                       s3_server)
+from .harness import (BB, KUBECONFIG, NODE, NODE2, NODE2_IP, NS, REPO, STATE, TOOLBOX, cluster_sh, down, forbidden_in_logs,
+                      machine_diff, machine_state, node_count, pod_log, readme_install, sysctls_changed_by_others,
+                      up, wait_until)
+from .workload import (JOB, armed_namespace, call, capture_status, gateway, start_capture, trainer_job,
+                       trainer_peers_service, wait_converged, wait_training)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -35,11 +48,7 @@ def two(cluster, tmp_path_factory):
         up(nodes=2)
     from kubernetes import client, config
     api = client.CoreV1Api(config.new_client_from_config(config_file=str(KUBECONFIG)))
-    tar = tmp_path_factory.mktemp("toolbox2") / "toolbox.tar"
-    subprocess.run([sys.executable, str(REPO / "cluster" / "oci_image.py"), "--ref", TOOLBOX, "--out", str(tar),
-                    "--entrypoint", BB, f"{BB}:bin/busybox"], check=True, capture_output=True)
-    r = cluster_sh("load", str(tar))
-    assert r.returncode == 0, r.stderr
+    load_toolbox(tmp_path_factory.mktemp("toolbox2"))
     return api
 
 
@@ -152,6 +161,205 @@ def test_host_path_pid_and_cgroups_are_the_nodes_own(two, namespace):
             assert (cg / "cgroup.procs").read_text().split(), f"no process in {cg}"
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
+
+
+# --- the smoke test: the chart on two nodes, four ranks, one capture, one manifest (issue 33) -----
+
+NODE_SEL = "app.kubernetes.io/component=node"
+
+
+@dataclass
+class TwoNodeRelease:
+    image: str
+    s3: S3
+    grafana: Grafana
+
+
+@pytest.fixture(scope="module")
+def two_release(two, tmp_path_factory):
+    """The chart installed on the two-node cluster by the README's own lines, archiving to an S3
+    server and annotating a Grafana double of its own (the package's went with the one-node cluster)."""
+    image = load_gpulens_image(tmp_path_factory.mktemp("image2"))
+    with s3_server() as s3, grafana_server() as grafana:
+        readme_install(image, s3.endpoint, grafana.url).run(
+            two, str(KUBECONFIG), REPO, exists_ok=lambda status: REUSE and status == 409)
+        if REUSE:
+            restart_release_pods(two)
+        yield TwoNodeRelease(image, s3, grafana)
+
+
+@pytest.fixture(scope="module")
+def ddp(two, two_release):
+    """Job `trainer`: two pods, one per node, two torchrun workers each: ranks 0-3 in one gloo world
+    (tests/cluster/workload.py, FIND_PEERS), in an armed namespace. Yields (namespace, {node: pod})."""
+    from kubernetes import client
+    ns = armed_namespace(two)
+    try:
+        two.create_namespaced_service(ns, trainer_peers_service())
+        client.BatchV1Api(two.api_client).create_namespaced_job(ns, trainer_job(two_release.image, nodes=2))
+        pods = wait_until("the trainer's two pods", lambda: (lambda ps: len(ps) == 2 and ps)(
+            two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items), 60)
+        pods = [wait_training(two, ns, p.metadata.name) for p in pods]
+        yield ns, {p.spec.node_name: p for p in pods}
+    finally:
+        if KUBECONFIG.exists():         # the module's last test takes the cluster down first
+            two.delete_namespace(ns)
+
+
+def _node_pod(api, node: str):
+    (p,) = [p for p in api.list_namespaced_pod(NS, label_selector=NODE_SEL).items if p.spec.node_name == node]
+    return p
+
+
+def _bytes(s3: S3, uri: str) -> bytes:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def test_the_chart_runs_an_exporter_and_agent_on_each_node(two, two_release):
+    pods = two.list_namespaced_pod(NS, label_selector=NODE_SEL).items
+    assert sorted(p.spec.node_name for p in pods) == sorted([NODE, NODE2]), [p.spec.node_name for p in pods]
+    for p in pods:
+        ready = {c.name: c.ready for c in p.status.container_statuses or []}
+        assert ready.get("exporter") and ready.get("agent"), (p.spec.node_name, ready)
+        assert p.status.host_ip == NODE_IPS[p.spec.node_name]
+
+
+def test_four_ranks_on_two_nodes_one_capture_one_manifest_one_analysis(two, two_release, ddp):
+    """Armed at creation; one capture through the gateway; each rank's trace archived by the agent
+    of its own node (its log says so, the other's does not), checksums recomputed from S3 match,
+    the manifest names rank, pod and node for each; the analysis Job's report covers four ranks."""
+    ns, pods = ddp
+    assert set(pods) == {NODE, NODE2}
+    for p in pods.values():
+        assert (p.metadata.labels or {}).get("gpulens.dev/armed") == "true", p.metadata.labels
+        assert [c.name for c in p.spec.init_containers or []] == ["gpulens-hook"]
+    done = wait_converged(two, start_capture(two, ns, 1500))
+    cid = done["capture_id"]
+    assert done["phase"] == "converged" and done["fully_succeeded"], _targets(done)
+    assert done["counts"] == {"archived": 4}, _targets(done)
+    manifest = json.loads(_bytes(two_release.s3, done["manifest_uri"]))
+    assert manifest["capture_id"] == cid and manifest["failures"] == [] and manifest["fully_succeeded"]
+    arts = sorted(manifest["artifacts"], key=lambda a: a["rank"])
+    assert [a["rank"] for a in arts] == [0, 1, 2, 3]
+    by_node: dict[str, set[int]] = {}
+    for a in arts:
+        pod = pods[a["node"]]                          # the node the manifest names runs that pod
+        assert a["pod"] == pod.metadata.name, (a["rank"], a["pod"], a["node"])
+        by_node.setdefault(a["node"], set()).add(a["rank"])
+        body = _bytes(two_release.s3, a["uri"])
+        assert len(body) == a["size"] and hashlib.sha256(body).hexdigest() == a["sha256"], a["uri"]
+    # torchrun's node rank follows the sorted pod IPs: node 1's pod (10.244.0.x) holds ranks 0-1
+    assert by_node == {NODE: {0, 1}, NODE2: {2, 3}}, by_node
+    assert {a["local_rank"] for a in arts if a["node"] == NODE2} == {0, 1}
+    for node, ranks in by_node.items():
+        mine = {a["target_id"] for a in arts if a["node"] == node}
+        logs = {n: pod_log(two, NS, _node_pod(two, n).metadata.name, "agent") for n in (NODE, NODE2)}
+        archived = {n: {t for t in (a["target_id"] for a in arts) if any(
+            "target.archived" in line and f"capture_id={cid}" in line and t in line for line in logs[n].splitlines())}
+            for n in logs}
+        assert archived[node] == mine, (node, archived)
+        assert not archived[NODE2 if node == NODE else NODE] & mine, archived
+
+    status = wait_until("the capture's analysis finished", lambda: (
+        lambda st: st.get("analysis", {}).get("state") in ("done", "failed", "skipped", "disabled") and st)(
+        capture_status(two, cid)), 900, 2)
+    assert status["analysis"]["state"] == "done", json.dumps(status["analysis"])
+    summary = json.loads(_bytes(two_release.s3, status["report_uri"].replace("report.html", "summary.json")))
+    assert summary["capture"]["capture_id"] == cid
+    assert summary["counts"]["analysed"] == 4 and summary["counts"]["missing"] == 0, summary["counts"]
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1, 2, 3]
+    assert {r["rank"]: r["node"] for r in summary["ranks"]} == {a["rank"]: a["node"] for a in arts}
+    assert all(r["trace"] for r in summary["ranks"]), [r["rank"] for r in summary["ranks"] if not r["trace"]]
+
+
+def test_an_iteration_capture_traces_the_same_iterations_on_all_four_ranks(two, ddp, two_release):
+    ns, _ = ddp
+    base, token = gateway(two)
+    started = wait_until("iteration capture accepted", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
+        call(f"{base}/v1/captures?namespace={ns}", token, {"job_id": JOB, "iterations": 2, "duration_ms": 20000})),
+        240, 2)
+    done = wait_converged(two, started["capture_id"])
+    assert done["fully_succeeded"] and done["counts"] == {"archived": 4}, _targets(done)
+    manifest = json.loads(_bytes(two_release.s3, done["manifest_uri"]))
+    spans = {a["rank"]: (a["iterations"]["first"], a["iterations"]["last"]) for a in manifest["artifacts"]}
+    assert sorted(spans) == [0, 1, 2, 3]
+    assert len(set(spans.values())) == 1 and None not in next(iter(spans.values())), spans
+    assert {a["iterations"]["optimizer_steps"] for a in manifest["artifacts"]} == {2}, manifest["artifacts"]
+    assert {a["node"] for a in manifest["artifacts"]} == {NODE, NODE2}
+
+
+def _targets(status: dict) -> str:
+    """A capture's targets, a line each: what a failed assertion should show first."""
+    return "\n".join(f"rank {t['rank']} {t['node']} {t['state']} {t.get('reason')}: {(t.get('detail') or '')[:600]}"
+                     for t in status.get("targets") or [])
+
+
+def _container_pids(pod, container: str) -> list[int]:
+    """The machine's pids of a container's processes (their cgroup paths name the container id)."""
+    (cid,) = [c.container_id.split("//", 1)[1] for c in pod.status.container_statuses if c.name == container]
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if cid in (d / "cgroup").read_text():
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_hung_agent_on_one_node_costs_only_its_ranks(two, ddp, two_release):
+    """Node 2's agent stopped (SIGSTOP: alive, silent) once the capture is dispatched: node 1's
+    ranks are archived, node 2's end `agent_unreachable`, the capture converges; the agent resumed,
+    the next capture archives all four."""
+    ns, pods = ddp
+    base, token = gateway(two)
+    agent = _node_pod(two, NODE2)
+    pids = _container_pids(agent, "agent")
+    assert pids, "no process of node 2's agent container found"
+    started = wait_until("capture accepted", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
+        call(f"{base}/v1/captures?namespace={ns}", token, {"job_id": JOB, "duration_ms": 1500})), 240, 2)
+    cid = started["capture_id"]
+    try:
+        def dispatched():
+            targets = capture_status(two, cid).get("targets") or []
+            return len(targets) == 4 and all(t["state"] != "pending" for t in targets) and targets
+        wait_until("all four ranks dispatched", dispatched, 120, 0.3)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        done = wait_converged(two, cid, timeout=400)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert done["phase"] == "converged" and not done["fully_succeeded"], _targets(done)
+    states = {t["node"]: set() for t in done["targets"]}
+    for t in done["targets"]:
+        states[t["node"]].add((t["state"], t.get("reason")))
+    assert states[NODE] == {("archived", None)}, _targets(done)
+    assert states[NODE2] == {("failed", "agent_unreachable")}, _targets(done)
+    manifest = json.loads(_bytes(two_release.s3, done["manifest_uri"]))
+    assert sorted(a["rank"] for a in manifest["artifacts"]) == [0, 1]
+    assert sorted((f["rank"], f["reason"]) for f in manifest["failures"]) == [(2, "agent_unreachable"), (3, "agent_unreachable")]
+    # The workload never noticed: both trainer pods still run, no restart.
+    for p in pods.values():
+        now = two.read_namespaced_pod(p.metadata.name, ns)
+        assert now.status.phase == "Running" and now.status.container_statuses[0].restart_count == 0
+
+    again = wait_converged(two, start_capture(two, ns, 1500))
+    assert again["fully_succeeded"] and again["counts"] == {"archived": 4}, _targets(again)
+    # The trainers' polls that queued while it was stopped went unanswered once it ran again: an
+    # answer Kineto no longer waits for would leave every later one a poll late (docs/agent.md).
+    log = pod_log(two, NS, agent.metadata.name, "agent")
+    assert "event=ipc.late_poll_unanswered" in log, log[-3000:]
+
+
+def test_the_two_node_loop_ran_without_a_403(two, ddp):
+    ns, _ = ddp
+    assert {**forbidden_in_logs(two, NS), **forbidden_in_logs(two, ns)} == {}
 
 
 def test_down_restores_machine_with_two_nodes(cluster, two, capsys):

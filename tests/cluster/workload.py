@@ -40,13 +40,15 @@ def torch_site() -> str:
 
 
 def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0,
-                control_dir: str | None = None) -> dict:
+                control_dir: str | None = None, nodes: int = 1) -> dict:
     """Job `trainer`: one pod, torchrun with two workers of the demo trainer (each steps forever).
 
     `fail_attempt_0`: the container first runs FAIL_ATTEMPT_0 (with `backoff_limit` >= 1 the Job
     controller replaces the failed pod). `control_dir`: a host folder mounted at /control whose
     `incident` file the trainer reads (a test writes it to induce an incident); None: a pod-local
-    path nobody writes."""
+    path nobody writes. `nodes` > 1: that many pods of the Job, one per node (required
+    anti-affinity), one torchrun world of 2 x `nodes` ranks found through the PEERS Service
+    (trainer_peers_service; FIND_PEERS), its gloo all-reduce crossing the nodes every step."""
     from exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
@@ -55,23 +57,34 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     if control_dir:
         mounts.append(("control", control_dir))
         mount_paths["control"] = "/control"
-    command = ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29500",
+    command = ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29500", *(
+               [f"--nnodes={nodes}", "--node-rank=$1", "--master-addr=$2"] if nodes > 1 else []),
                "-m", "gpulens.up.demo_trainer", "--libcuda", str(libcuda),
                "--control", "/control/incident" if control_dir else "/tmp/incident",
                "--kernels", "10", "--h2d-bytes", "65536", "--copy-floats", "1024",
                # the in-cluster alert tests were measured with this (the demo's default is now 128 MiB)
                "--sync-copy-bytes", str(64 << 20)]
+    env = []
+    if nodes > 1:   # a shell script, as users write them: the webhook reads --nproc-per-node in it
+        command = ["sh", "-c", 'set -e; PEERS=$(python3 -c "$FIND_PEERS"); set -- $PEERS; exec ' + " ".join(command)]
+        env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+               {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+               {"name": "NNODES", "value": str(nodes)}, {"name": "FIND_PEERS", "value": FIND_PEERS},
+               {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"}]
     if fail_attempt_0:
         command = ["sh", "-c", FAIL_ATTEMPT_0, "sh", *command]
+    spread = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"job-name": JOB}}, "topologyKey": "kubernetes.io/hostname"}]}}}
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": JOB},
-        "spec": {"backoffLimit": backoff_limit, "template": {"spec": {
+        "spec": {"backoffLimit": backoff_limit, "parallelism": nodes, "completions": nodes, "template": {"spec": {
+            **(spread if nodes > 1 else {}),
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
             "containers": [{
                 "name": "trainer", "image": image, "imagePullPolicy": "Never", "command": command,
                 "env": [{"name": "PYTHONPATH", "value": f"{REPO}:{site}"},
                         {"name": "LD_LIBRARY_PATH", "value": str(libcuda.parent)},
-                        {"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
+                        {"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}, *env],
                 "securityContext": {"runAsUser": 0},
                 # A CPU request, as every real training pod has: without one the pod is BestEffort,
                 # whose cgroup gets cpu.shares=2 against the host's 1024, so whenever anything else
@@ -81,6 +94,36 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
                 "resources": {"requests": {"cpu": TRAINER_CPU_REQUEST}},
                 "volumeMounts": [{"name": n, "mountPath": mount_paths.get(n, p), "readOnly": True} for n, p in mounts]}],
             "volumes": [{"name": n, "hostPath": {"path": p, "type": "Directory"}} for n, p in mounts]}}}}
+
+
+#: The headless Service a multi-node trainer's pods find each other by (its endpoints: their IPs).
+PEERS = f"{JOB}-peers"
+#: Run by each pod of a multi-node trainer before torchrun: waits until the PEERS Service lists
+#: NNODES addresses, its own among them, and prints its node rank (its place in the sorted list)
+#: and the master address (the first), which every pod computes alike: torchrun's static
+#: rendezvous without an indexed Job (Kubernetes 1.20 has none) or an operator.
+FIND_PEERS = """
+import os, socket, sys, time
+me, n = os.environ["POD_IP"], int(os.environ["NNODES"])
+host = "%s.%s.svc.cluster.local" % ("PEERS", os.environ["POD_NAMESPACE"])
+for _ in range(1200):
+    try:
+        ips = sorted({a[4][0] for a in socket.getaddrinfo(host, None, socket.AF_INET)})
+    except OSError:
+        ips = []
+    if len(ips) == n and me in ips:
+        print(ips.index(me), ips[0])
+        sys.exit(0)
+    time.sleep(0.5)
+sys.exit("find-peers: %s never listed %d addresses with %s" % (host, n, me))
+""".replace("PEERS", PEERS)
+
+
+def trainer_peers_service() -> dict:
+    """The headless Service of FIND_PEERS (not-ready addresses too: a pod is found as it starts)."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": PEERS},
+            "spec": {"clusterIP": "None", "selector": {"job-name": JOB}, "publishNotReadyAddresses": True,
+                     "ports": [{"name": "rendezvous", "port": 29500}]}}
 
 
 def wait_training(api, ns: str, name: str):
