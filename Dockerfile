@@ -14,9 +14,6 @@ COPY image/requirements.txt /tmp/requirements.txt
 RUN /opt/gpulens/bin/pip install --no-cache-dir --no-deps --only-binary=:all: -r /tmp/requirements.txt
 COPY pyproject.toml README.md /src/
 COPY gpulens /src/gpulens
-COPY capture /src/capture
-COPY exporter /src/exporter
-COPY hooks /src/hooks
 RUN /opt/gpulens/bin/pip install --no-cache-dir --no-deps /src \
  && /opt/gpulens/bin/pip uninstall -y -q pip setuptools \
  && find /opt/gpulens/lib -type d -name tests -prune -exec rm -rf {} + \
@@ -25,7 +22,7 @@ RUN /opt/gpulens/bin/pip install --no-cache-dir --no-deps /src \
 # ---- Debian's generic kernel headers, for nodes that ship none (COS, Bottlerocket, Talos) ----
 # Only what bcc includes: include/ and arch/<arch>/include/, common and generated parts merged
 # into one tree (bcc's BCC_KERNEL_SOURCE layout). The exporter uses it only when the host's
-# /lib/modules/<release> has no headers (exporter/kheaders.py).
+# /lib/modules/<release> has no headers (gpulens/exporter/kheaders.py).
 FROM ${BASE} AS headers
 RUN set -eu; apt-get update; cd /tmp; \
     arch=$(dpkg --print-architecture); case "$arch" in amd64) karch=x86;; arm64) karch=arm64;; *) karch=$arch;; esac; \

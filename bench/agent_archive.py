@@ -6,7 +6,7 @@
    - `sha256 alone`: read + hash, the floor any verifier that checksums must pay;
    - `json.load`: parse only, what the issue-17 verifier is held against;
    - `verify, no copy`: the verifier as before issue 27 (sha256 of the raw bytes);
-   - `verify + gzip <codec> <level>`: the verifier writing the archive copy (capture/agent/staging.py);
+   - `verify + gzip <codec> <level>`: the verifier writing the archive copy (gpulens/capture/agent/staging.py);
    - `verify, then gzip (two reads)`: the same work as two passes, for contrast.
 2. Compression ratio and speed of each codec/level on every real trace in ../shared/data/traces
    (decompressed first; in-process, medians of 5).
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_verify import REAL, REAL_BIG_SOURCE, make_real_trace, real_expectation  # noqa: E402
 
-from capture.agent.staging import compressor  # noqa: E402
+from gpulens.capture.agent.staging import compressor  # noqa: E402
 
 VARIANTS = ("sha256 alone", "verify + gzip isal 1", "verify, no copy", "json.load", "verify + gzip zlib 1",
             "verify + gzip isal 2", "verify + gzip zlib 6", "verify, then gzip zlib 1 (two reads)")
@@ -41,8 +41,8 @@ VARIANTS = ("sha256 alone", "verify + gzip isal 1", "verify, no copy", "json.loa
 CHILD = r"""
 import hashlib, json, os, resource, sys, time
 sys.path.insert(0, sys.argv[3])
-from capture.agent.staging import Staging, compressor
-from capture.agent.verification import Expectation, verify_trace
+from gpulens.capture.agent.staging import Staging, compressor
+from gpulens.capture.agent.verification import Expectation, verify_trace
 path, how, out_dir = sys.argv[1], sys.argv[2], sys.argv[5]
 exp = json.loads(sys.argv[4])
 exp = Expectation(**(exp | {"activities": tuple(exp["activities"])}))

@@ -37,8 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from capture.agent.observation import Observer  # noqa: E402
-from capture.agent.verification import Expectation, verify_trace  # noqa: E402
+from gpulens.capture.agent.observation import Observer  # noqa: E402
+from gpulens.capture.agent.verification import Expectation, verify_trace  # noqa: E402
 
 PID = 4242
 REAL = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "traces"
@@ -109,8 +109,8 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[3])
 path, how, runs = sys.argv[1], sys.argv[2], int(sys.argv[5])
-import capture.agent.jsonstream as js
-from capture.agent.verification import Expectation, verify_trace
+import gpulens.capture.agent.jsonstream as js
+from gpulens.capture.agent.verification import Expectation, verify_trace
 exp = json.loads(sys.argv[4])
 exp = Expectation(**(exp | {"activities": tuple(exp["activities"])}))
 if how == "verify, 1 MiB batches":                 # objects of a batch no longer fit the CPU cache
@@ -125,7 +125,7 @@ def ijson_verify(path):
     # ijson's C backend doing the same per-event work (events only: it has no cheap way to hand back
     # the top-level keys as well, so this is an upper bound for it)
     import hashlib, ijson
-    from capture.agent.verification import _Tally
+    from gpulens.capture.agent.verification import _Tally
     assert ijson.backend == "yajl2_c", ijson.backend
     sha = hashlib.sha256()
     class Hashing:

@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from alertrules import generate  # noqa: E402
+from gpulens.alertrules import generate  # noqa: E402
 
 SCALE = 1 / 60
 REFERENCE = {"name": "bench.reference", "rules": [{

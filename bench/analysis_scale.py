@@ -38,7 +38,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from capture.models import Artifact, ExpectedTarget, Manifest  # noqa: E402
+from gpulens.capture.models import Artifact, ExpectedTarget, Manifest  # noqa: E402
 
 SOURCE = REPO.parent / "shared" / "data" / "traces" / "hta_trace_filter_2rank"
 BEFORE_REF = "eeebf13"  # the last commit with the single-process analysis

@@ -47,7 +47,7 @@ def _jitter(capture_id: str) -> float:
 async def _agents(count: int, black_hole: int | None) -> None:
     from aiohttp import web
 
-    from capture.models import Dispatch
+    from gpulens.capture.models import Dispatch
 
     def artifact(d: Dispatch, tid: str) -> dict:
         return {"target_id": tid, "rank": d.rank, "local_rank": d.local_rank or 0, "node": "n", "pod": d.pod or "p",
@@ -101,15 +101,15 @@ async def _coordinator(cfg: dict) -> None:
     import aiohttp
     from aiohttp import web
 
-    from capture.coordinator import (AgentClient, Coordinator, CoordinatorSettings, DeadlinePolicy, FanoutSettings,
+    from gpulens.capture.coordinator import (AgentClient, Coordinator, CoordinatorSettings, DeadlinePolicy, FanoutSettings,
                                      LocalDiscovery, make_app)
-    from capture.coordinator.auth import Credentials, SecretFile
+    from gpulens.capture.wire.auth import Credentials, SecretFile
 
     class Table:
         def for_node(self, node: str, node_ip: str = "") -> str | None:
             return cfg["table"].get(node)
 
-    from gpulens.logs import setup_logging
+    from gpulens.ground.logs import setup_logging
     setup_logging("error", open(os.devnull, "w"))
     token = Path(cfg["token_file"])
     settings = CoordinatorSettings(

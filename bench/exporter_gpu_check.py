@@ -146,8 +146,8 @@ def main() -> int:
     if os.geteuid() != 0:
         return skip("needs root for eBPF")
     sys.path.insert(0, str(REPO))
-    from exporter.config import ExporterConfig
-    from exporter.service import Exporter
+    from gpulens.exporter.config import ExporterConfig
+    from gpulens.exporter.service import Exporter
 
     tmp = Path(tempfile.mkdtemp(prefix="gpulens-gpu-check-"))
     reg = tmp / "registry"

@@ -6,7 +6,7 @@
 2. Exporter CPU while a workload launches flat out and Prometheus scrapes every second: the
    `gpulens exporter` process's own CPU time (the probes' cost is charged to the workload, in 1).
 3. Scrape and discovery time with N live processes in the map, each its own pod: the old scrape
-   (collect and encode per request) next to the cached one (exporter/exposition.py: bytes the
+   (collect and encode per request) next to the cached one (gpulens/exporter/exposition.py: bytes the
    tick encoded), interleaved, and what the encoding at the tick costs.
 
 Needs root, bcc and gcc. Usage: sudo .venv/bin/python bench/exporter_overhead.py [--rounds 5] [--procs 1000]
@@ -34,10 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.config import ExporterConfig  # noqa: E402
-from exporter.probes import DriverProbes  # noqa: E402
-from exporter.service import Exporter  # noqa: E402
-from exporter.stub import build_stub  # noqa: E402
+from gpulens.exporter.config import ExporterConfig  # noqa: E402
+from gpulens.exporter.probes import DriverProbes  # noqa: E402
+from gpulens.exporter.service import Exporter  # noqa: E402
+from gpulens.exporter.stub import build_stub  # noqa: E402
 
 
 class _ProgInfo(ctypes.Structure):

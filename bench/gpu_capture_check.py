@@ -55,11 +55,11 @@ async def main(out: str | None) -> int:
     except ImportError:
         print("SKIP: no torch")
         return 0
-    from capture.agent.client import AgentClient
-    from capture.agent.runtime import AgentOptions, start_agent
-    from capture.agent.steps import first_traced_step
-    from capture.archive import RetryPolicy
-    from capture.coordinator.start_iteration import plan_start
+    from gpulens.capture.agent.client import AgentClient
+    from gpulens.capture.agent.runtime import AgentOptions, start_agent
+    from gpulens.capture.agent.steps import first_traced_step
+    from gpulens.capture.archive import RetryPolicy
+    from gpulens.capture.coordinator.start_iteration import plan_start
 
     base = Path(tempfile.mkdtemp(prefix="gl-gpu-", dir="/var/tmp"))
     sock = tempfile.mkdtemp(prefix="gl-", dir="/tmp")
@@ -67,7 +67,7 @@ async def main(out: str | None) -> int:
         (base / d).mkdir()
     stop = base / "stop"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "hooks" / "site"), env.get("PYTHONPATH", "")]),
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "gpulens" / "hooks" / "site"), env.get("PYTHONPATH", "")]),
                GPULENS_REGISTRY_DIR=str(base / "reg"), GPULENS_SOCKET_DIR=sock, GPULENS_TRACE_DIR=str(base / "traces"),
                GPULENS_JOB_ID="gpu", GPULENS_TRAINER_DEVICE="cuda", OMP_NUM_THREADS="1")
     log = open(base / "trainer.log", "w")

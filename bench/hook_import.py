@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hooks import hook_path  # noqa: E402
+from gpulens.hooks import hook_path  # noqa: E402
 
 
 def once(env: dict[str, str], code: str) -> float:

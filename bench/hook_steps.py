@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/hook_steps.py [--steps 20000] [--repeats 7]
 
-The hook registers one global optimizer post-step hook (hooks/site/_gpulens_steps.py) that copies
+The hook registers one global optimizer post-step hook (gpulens/hooks/site/_gpulens_steps.py) that copies
 the Kineto step count and the time into a memory-mapped ring. This times `optimizer.step()` of a
 tiny model (SGD over a 4x4 Linear: the smallest step, where the hook's share is largest) with no
 extra hook, with an empty global post-hook (the price of any hook at all) and with the
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hooks" / "site"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpulens" / "hooks" / "site"))
 
 import torch  # noqa: E402
 from torch.autograd.profiler import KinetoStepTracker  # noqa: E402

@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from capture.operator.config import ArmingConfig  # noqa: E402
-from capture.operator.kube import KubeApi  # noqa: E402
-from capture.operator.reconcile import Reconciler  # noqa: E402
-from capture.operator.webhook import review_response  # noqa: E402
+from gpulens.capture.operator.config import ArmingConfig  # noqa: E402
+from gpulens.capture.operator.kube import KubeApi  # noqa: E402
+from gpulens.capture.operator.reconcile import Reconciler  # noqa: E402
+from gpulens.capture.operator.webhook import review_response  # noqa: E402
 from tests.operator.apiserver import running_apiserver  # noqa: E402
 from tests.operator.conftest import Cluster, operator_config  # noqa: E402
 from tests.operator.test_arming import job_pod  # noqa: E402
@@ -63,7 +63,7 @@ def api_round(n_jobs: int) -> dict[str, float]:
 
 def plan_round(n_jobs: int, pods_per_job: int = 4) -> tuple[float, float]:
     """(seconds to json-decode the pod list, seconds to group + plan all jobs) for one resync."""
-    from capture.operator.planning import coordinators_by_job, group_pods, plan_job
+    from gpulens.capture.operator.planning import coordinators_by_job, group_pods, plan_job
     pods = []
     for j in range(n_jobs):
         for p in range(pods_per_job):
@@ -173,7 +173,7 @@ def main() -> int:
     ap.add_argument("--token-delay-s", type=float, default=0.5,
                     help="the emulated token controller's delay after a ServiceAccount is created")
     args = ap.parse_args()
-    from gpulens.logs import setup_logging
+    from gpulens.ground.logs import setup_logging
     setup_logging("error")
 
     r = api_round(args.api_jobs)

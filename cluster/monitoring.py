@@ -30,7 +30,7 @@ import yaml
 if __package__ in (None, ""):                  # run as a script: the repository's packages
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alertrules.generate import render as render_rules  # noqa: E402
+from gpulens.alertrules.generate import render as render_rules  # noqa: E402
 from gpulens.up.configs import alertmanager_config as up_alertmanager_config  # noqa: E402
 
 __all__ = ["Monitoring", "rbac", "scrape_configs", "prometheus_config", "alertmanager_config", "write_rules",
@@ -135,7 +135,7 @@ def alertmanager_config(m: Monitoring) -> dict[str, Any]:
 
 
 def write_rules(out: Path, time_scale: float = DEFAULT_TIME_SCALE) -> tuple[Path, ...]:
-    """The project's rule files, time-scaled by alertrules.generate (what `gpulens up` loads)."""
+    """The project's rule files, time-scaled by gpulens.alertrules.generate (what `gpulens up` loads)."""
     _, plain = render_rules(time_scale=time_scale, grafana_url="")
     out.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -34,7 +34,7 @@ from aiohttp import web
 if __package__ in (None, ""):                  # run as a script: the repository's packages
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpulens.logs import get_logger, setup_logging  # noqa: E402
+from gpulens.ground.logs import get_logger, setup_logging  # noqa: E402
 
 __all__ = ["ApiSource", "target_groups", "make_app", "main"]
 

@@ -13,20 +13,20 @@ import sys
 from typing import Sequence
 
 from . import __version__
-from .helptext import HelpFormatter
+from .ground.helptext import HelpFormatter
 
 __all__ = ["main", "SUBCOMMANDS"]
 
 #: name -> (module with configure/run, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("gpulens.up.command", "run the whole loop on this machine (embedded default, no Kubernetes)"),
-    "exporter": ("exporter.command", "serve per-pod GPU demand, back-pressure and contention metrics"),
-    "agent": ("capture.agent.command", "node agent: trigger Kineto, observe, verify, archive, record manifest entries"),
-    "coordinator": ("capture.coordinator.command", "per-job capture coordinator (HTTP API)"),
-    "gateway": ("capture.gateway.command", "Alertmanager webhook and manual capture requests -> coordinators"),
-    "operator": ("capture.operator.command", "Kubernetes operator: one coordinator per armed (job, attempt)"),
-    "analyze": ("capture.analysis.command", "analyse a capture manifest with HolisticTraceAnalysis"),
-    "capture": ("capture.client.command", "start, watch, list and cancel captures"),
+    "exporter": ("gpulens.exporter.command", "serve per-pod GPU demand, back-pressure and contention metrics"),
+    "agent": ("gpulens.capture.agent.command", "node agent: trigger Kineto, observe, verify, archive, record manifest entries"),
+    "coordinator": ("gpulens.capture.coordinator.command", "per-job capture coordinator (HTTP API)"),
+    "gateway": ("gpulens.capture.gateway.command", "Alertmanager webhook and manual capture requests -> coordinators"),
+    "operator": ("gpulens.capture.operator.command", "Kubernetes operator: one coordinator per armed (job, attempt)"),
+    "analyze": ("gpulens.capture.analysis.command", "analyse a capture manifest with HolisticTraceAnalysis"),
+    "capture": ("gpulens.capture.client.command", "start, watch, list and cancel captures"),
     "hook-path": (None, "print the folder to put on a trainer's PYTHONPATH to arm it"),
     "version": (None, "print the gpulens version"),
 }
@@ -95,10 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpulens {__version__}")
         return 0
     if name == "hook-path":
-        from hooks import hook_path
+        from gpulens.hooks import hook_path
         print(hook_path())
         return 0
-    from .logs import setup_logging
+    from .ground.logs import setup_logging
     setup_logging(getattr(args, "log_level", "info"))
     try:
         return int(module.run(args) or 0)

@@ -1,7 +1,7 @@
 """Hypothesis strategies for hostile HTTP input, shared by the API fuzz tests of every component.
 
 Bodies: arbitrary JSON, valid bodies with one field replaced by arbitrary JSON, bodies nested far
-past capture.limits.MAX_DEPTH (the RecursionError that used to be a 500), raw bytes that are not
+past gpulens.capture.wire.limits.MAX_DEPTH (the RecursionError that used to be a 500), raw bytes that are not
 JSON or not UTF-8. Path segments: arbitrary text, percent-encoded, with newlines and `..`.
 The property every API must keep: no 5xx, a JSON error body, and still serving afterwards.
 """

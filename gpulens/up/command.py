@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-from gpulens.helptext import HelpFormatter
+from gpulens.ground.helptext import HelpFormatter
 
 __all__ = ["configure", "run"]
 

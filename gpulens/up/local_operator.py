@@ -14,8 +14,8 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from capture.operator.labels import SERVING_KINDS
-from gpulens.logs import get_logger
+from gpulens.capture.wire.labels import SERVING_KINDS
+from gpulens.ground.logs import get_logger
 
 from .scrape_targets import CoordinatorTarget, write_file_sd
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from gpulens.alertrules import RUNBOOKS_DIR
+
 if TYPE_CHECKING:
     from .host import UpHost
 
@@ -49,7 +51,6 @@ def list_captures(archive_dir: Path) -> list[dict]:
 
 
 #: the runbooks an alert's runbook_url points at (served here under `gpulens up`)
-RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
 RUNBOOK_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\.md")
 
 
@@ -88,7 +89,7 @@ class Page:
                             content_type="text/html")
 
     async def runbook(self, request: web.Request) -> web.Response:
-        """docs/runbooks/<diagnosis>.md as the alert's runbook_url names it (plain text, read-only)."""
+        """gpulens/alertrules/runbooks/<diagnosis>.md as the alert's runbook_url names it (plain text, read-only)."""
         name = request.match_info["name"]
         if not RUNBOOK_NAME.fullmatch(name):
             raise web.HTTPNotFound(text=f"no runbook {name!r}: see /runbooks/")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gpulens.logs import get_logger
-from hooks import hook_path
+from gpulens.ground.logs import get_logger
+from gpulens.hooks import hook_path
 
 from .configs import alertmanager_config, prometheus_config, write_yaml
 from .layout import Layout, Ports
@@ -26,7 +26,7 @@ from .page import Page
 from .status import StatusReporter
 from .supervisor import ChildSpec, Supervisor, http_ready
 
-__all__ = ["Runner", "repo_root", "SERVING_WORKLOAD", "SERVING_REVISION", "SERVING_PODS"]
+__all__ = ["Runner", "SERVING_WORKLOAD", "SERVING_REVISION", "SERVING_PODS"]
 
 log = get_logger("up")
 
@@ -35,10 +35,6 @@ log = get_logger("up")
 SERVING_WORKLOAD = "Deployment/demo-serve"
 SERVING_REVISION = "demo-serve-6d9f7c8b5"
 SERVING_PODS = (f"{SERVING_REVISION}-x7k2p", f"{SERVING_REVISION}-q4m9w")
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -182,11 +178,11 @@ class Runner:
             return
         rules_dir = L.state / "rules"
         # runbook links open on the captures page; dashboard links only where a Grafana is configured
-        gen = subprocess.run([sys.executable, "-m", "alertrules.generate", "--time-scale", str(self.args.time_scale),
+        gen = subprocess.run([sys.executable, "-m", "gpulens.alertrules.generate", "--time-scale", str(self.args.time_scale),
                               "--rules-out", str(rules_dir), "--manifest-out", str(L.state / "prometheusrule.yaml"),
                               "--runbook-base-url", f"http://127.0.0.1:{P.ui}/runbooks",
                               "--grafana-url", self.args.grafana_url or ""],
-                             cwd=repo_root(), capture_output=True, text=True)
+                             capture_output=True, text=True)
         if gen.returncode != 0:
             raise RuntimeError(f"generating alert rules failed: {gen.stderr.strip()[-500:]}")
         rule_files = sorted(rules_dir.glob("*.yml")) + sorted(rules_dir.glob("*.yaml"))
@@ -223,7 +219,7 @@ class Runner:
             env=env, restart=False)
 
     async def _start_demo(self) -> None:
-        from exporter.stub import build_stub
+        from gpulens.exporter.stub import build_stub
 
         L = self.layout
         self.stub = build_stub(L.workdir / "stub")

@@ -28,7 +28,7 @@ __all__ = ["StatusReporter", "LogTail", "parse_logfmt", "gateway_line"]
 
 
 def parse_logfmt(line: str) -> dict[str, str]:
-    """One line of gpulens.logs output -> its fields (quoted values unescaped); {} if unparsable."""
+    """One line of gpulens.ground.logs output -> its fields (quoted values unescaped); {} if unparsable."""
     try:
         parts = shlex.split(line)
     except ValueError:

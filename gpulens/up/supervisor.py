@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from gpulens.logs import get_logger
+from gpulens.ground.logs import get_logger
 
 __all__ = ["ChildSpec", "Child", "Supervisor", "http_ready"]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from capture.dynolog import KinetoEndpoint, PidOutcome, TraceConfig, build_config, kineto_trace_path  # noqa: E402
+from gpulens.capture.dynolog import KinetoEndpoint, PidOutcome, TraceConfig, build_config, kineto_trace_path  # noqa: E402
 
 JOB = 77
 

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from capture.dynolog import kineto_trace_path
+from gpulens.capture.dynolog import kineto_trace_path
 from tests.agent.conftest import KinetoPoller, kineto_like_trace
 
 

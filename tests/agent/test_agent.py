@@ -17,10 +17,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from capture.agent.client import AgentClient, AgentError
-from capture.agent.runtime import AgentOptions, start_agent
-from capture.archive import RetryPolicy
-from capture.models import Artifact
+from gpulens.capture.agent.client import AgentClient, AgentError
+from gpulens.capture.agent.runtime import AgentOptions, start_agent
+from gpulens.capture.archive import RetryPolicy
+from gpulens.capture.models import Artifact
 from tests.agent.fake_kineto import FakeKineto
 from tests.s3server import CREDS, SwitchableProxy, start_moto, stop_process
 from tests.conftest import free_port

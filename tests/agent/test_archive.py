@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.pipeline import archive_key
-from capture.archive import ArchiveError, RetryPolicy, open_archive, put_file_retrying
+from gpulens.capture.agent.pipeline import archive_key
+from gpulens.capture.archive import ArchiveError, RetryPolicy, open_archive, put_file_retrying
 from tests.s3server import CREDS, SwitchableProxy, start_moto, stop_process
 
 BUCKET = "traces"

@@ -20,12 +20,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from capture.agent.runtime import start_agent
-from capture.coordinator import AgentUrls, Coordinator, CoordinatorSettings, LocalDiscovery, Phase
-from capture.coordinator.agents import AgentClient
-from capture.coordinator.auth import SecretFile
-from capture.models import CaptureRequest, Manifest
-from capture.models.budget import MIB
+from gpulens.capture.agent.runtime import start_agent
+from gpulens.capture.coordinator import AgentUrls, Coordinator, CoordinatorSettings, LocalDiscovery, Phase
+from gpulens.capture.coordinator.agents import AgentClient
+from gpulens.capture.wire.auth import SecretFile
+from gpulens.capture.models import CaptureRequest, Manifest
+from gpulens.capture.models.budget import MIB
 from tests.agent.test_torch import TOKEN, Site, archived_trace, trainer_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from capture.dynolog import ConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
-from capture.models import CaptureOptions
+from gpulens.capture.dynolog import ConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
+from gpulens.capture.models import CaptureOptions
 
 
 def parse(text: str) -> dict[str, str]:

@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from capture.agent.client import AgentClient
-from capture.agent.runtime import start_agent
+from gpulens.capture.agent.client import AgentClient
+from gpulens.capture.agent.runtime import start_agent
 from tests.agent.fake_kineto import FakeKineto
 from tests.agent.test_agent import KJOB, TOKEN, converge, dispatch, node  # noqa: F401  (fixtures)
 

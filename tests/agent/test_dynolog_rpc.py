@@ -10,9 +10,9 @@ import struct
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from capture.agent.metrics import AgentMetrics
-from capture.dynolog import DynologClient, DynologRefused, OnDemandResult, PidOutcome, TriggerFailed
-from capture.dynolog.rpc import encode_frame
+from gpulens.capture.agent.metrics import AgentMetrics
+from gpulens.capture.dynolog import DynologClient, DynologRefused, OnDemandResult, PidOutcome, TriggerFailed
+from gpulens.capture.dynolog.rpc import encode_frame
 from tests.conftest import free_port
 from tests.doubles.dynolog_double import DynologDouble
 

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from capture.dynolog import EndpointBusy, KinetoEndpoint, PidOutcome
-from capture.dynolog.ipcwire import endpoint_address
+from gpulens.capture.dynolog import EndpointBusy, KinetoEndpoint, PidOutcome
+from gpulens.capture.dynolog.ipcwire import endpoint_address
 
 from tests.agent.conftest import KINETO_ANSWER_WAIT_S
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from capture import schemas
-from capture.agent.verification import Expectation, verify_trace
-from capture.dynolog import ConfigError, TraceConfig, build_config
-from capture.models import CaptureRequest, Dispatch
+from gpulens.capture import schemas
+from gpulens.capture.agent.verification import Expectation, verify_trace
+from gpulens.capture.dynolog import ConfigError, TraceConfig, build_config
+from gpulens.capture.models import CaptureRequest, Dispatch
 
 LOG = "/var/tmp/gl/c-1/rank-0.json"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.client import AgentClient
-from capture.agent.runtime import start_agent
+from gpulens.capture.agent.client import AgentClient
+from gpulens.capture.agent.runtime import start_agent
 from tests.agent.test_torch import TOKEN, TORCHRUN, Site, archived_trace, converge, trainer_env
 from tests.conftest import free_port
 from tests.doubles.dynolog_double import DynologDouble

@@ -6,8 +6,8 @@ an iteration-based config that is only waiting for its iteration."""
 
 from __future__ import annotations
 
-from capture.dynolog import KinetoEndpoint, build_config, ipcwire, TraceConfig
-from capture.dynolog.kineto_watch import KinetoWatch, is_iteration_config
+from gpulens.capture.dynolog import KinetoEndpoint, build_config, ipcwire, TraceConfig
+from gpulens.capture.dynolog.kineto_watch import KinetoWatch, is_iteration_config
 
 IDLE, BUSY = 3, 1          # what torch 2.13 sends (the old events bit 1 is always set)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.observation import Observer
-from capture.agent.verification import Expectation, verify_trace
+from gpulens.capture.agent.observation import Observer
+from gpulens.capture.agent.verification import Expectation, verify_trace
 from tests.agent.conftest import kineto_like_trace
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from capture.agent.client import AgentClient
+from gpulens.capture.agent.client import AgentClient
 from tests.agent.test_agent import TOKEN, agent, converge, dispatch, node  # noqa: F401  (fixtures)
 
 

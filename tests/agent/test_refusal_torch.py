@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.client import AgentClient
-from capture.agent.runtime import start_agent
+from gpulens.capture.agent.client import AgentClient
+from gpulens.capture.agent.runtime import start_agent
 from tests.agent.test_torch import TOKEN, Site, converge, trainer_env
 from tests.conftest import free_port
 

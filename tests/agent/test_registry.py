@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.registry import ProcFs, WorkerRegistry
+from gpulens.capture.agent.registry import ProcFs, WorkerRegistry
 from tests.agent.conftest import wait_until
 from tests.conftest import is_root
 from tests.conftest import requires

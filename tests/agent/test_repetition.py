@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from capture.agent.client import AgentClient
+from gpulens.capture.agent.client import AgentClient
 from tests.agent.test_agent import TOKEN, Node, agent, converge, dispatch, node  # noqa: F401  (fixtures)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hooks" / "site"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpulens" / "hooks" / "site"))
 from _gpulens_steps import StepPublisher, steps_filename  # noqa: E402  (the hook's own writer)
 
 
@@ -169,8 +169,8 @@ async def test_a_rank_behind_the_start_iteration_gets_that_absolute_start(node, 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "7", True])
 def test_a_dispatch_with_a_bad_start_iteration_is_refused(bad):
-    from capture import schemas
-    from capture.models import Dispatch
+    from gpulens.capture import schemas
+    from gpulens.capture.models import Dispatch
     body = {"job_id": "j", "attempt": 0, "rank": 0, "duration_ms": 300, "activities": ["cpu_op"], "deadline": 1.0,
             "archive_prefix": "file:///a", "iterations": 3, "start_iteration": bad}
     with pytest.raises(schemas.SchemaError) as err:

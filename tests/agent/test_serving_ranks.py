@@ -4,7 +4,7 @@ rank, so two replicas' traces never share a name or a manifest rank (issue 30)."
 
 from __future__ import annotations
 
-from capture.agent.client import AgentClient
+from gpulens.capture.agent.client import AgentClient
 
 from tests.agent.test_agent import TOKEN, agent, converge, dispatch, node  # noqa: F401 - fixtures
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from capture.agent.space import NodeDisk, artifact_sizes, space_problem, stopped_early
-from capture.models import Dispatch, TraceBudget
+from gpulens.capture.agent.space import NodeDisk, artifact_sizes, space_problem, stopped_early
+from gpulens.capture.models import Dispatch, TraceBudget
 
 
 def spec(**over) -> Dispatch:

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from capture.agent import staging
-from capture.agent.staging import Staging
-from capture.agent.verification import Expectation, verify_trace
+from gpulens.capture.agent import staging
+from gpulens.capture.agent.staging import Staging
+from gpulens.capture.agent.verification import Expectation, verify_trace
 from tests.agent.conftest import kineto_like_trace
 from tests.tinyfs import tiny_fs
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.client import AgentClient
-from capture.agent.runtime import start_agent
-from capture.agent.steps import first_traced_step
-from capture.coordinator.fanout import FanoutSettings
-from capture.coordinator.start_iteration import plan_start
+from gpulens.capture.agent.client import AgentClient
+from gpulens.capture.agent.runtime import start_agent
+from gpulens.capture.agent.steps import first_traced_step
+from gpulens.capture.coordinator.fanout import FanoutSettings
+from gpulens.capture.coordinator.start_iteration import plan_start
 from tests.agent.test_torch import TOKEN, TORCHRUN, Site, archived_trace, converge, trainer_env
 from tests.conftest import free_port
 from tests.doubles.dynolog_double import DynologDouble

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.steps import StepsUnreadable, first_traced_step, read_steps
-from capture.dynolog.kineto_watch import KinetoWatch
+from gpulens.capture.agent.steps import StepsUnreadable, first_traced_step, read_steps
+from gpulens.capture.dynolog.kineto_watch import KinetoWatch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hooks" / "site"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpulens" / "hooks" / "site"))
 from _gpulens_steps import STEPS_SLOTS, StepPublisher, steps_filename  # noqa: E402
 
 
@@ -109,7 +109,7 @@ def test_entries_outside_their_slot_or_lap_are_not_believed(tmp_path):
 
 
 def test_the_registry_reads_only_a_plain_steps_file_in_its_own_folder(tmp_path):
-    from capture.agent.registry import WorkerRegistry
+    from gpulens.capture.agent.registry import WorkerRegistry
     reg = WorkerRegistry(tmp_path)
     pub, _ = stepped(tmp_path, 4)
     assert reg.steps(Path(pub.path).name).latest == 4

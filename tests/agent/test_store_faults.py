@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.pipeline import Pipeline, PipelineSettings
-from capture.agent.registry import WorkerRegistry
-from capture.agent.store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
-from capture.models import FailureReason, TargetState, TargetStatus
+from gpulens.capture.agent.pipeline import Pipeline, PipelineSettings
+from gpulens.capture.agent.registry import WorkerRegistry
+from gpulens.capture.agent.store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
+from gpulens.capture.models import FailureReason, TargetState, TargetStatus
 from tests.tinyfs import tiny_fs
 
 CAP = "cap-00000001"

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.client import AgentClient
-from capture.agent.runtime import AgentOptions, start_agent
-from capture.archive import RetryPolicy
-from hooks import hook_path
+from gpulens.capture.agent.client import AgentClient
+from gpulens.capture.agent.runtime import AgentOptions, start_agent
+from gpulens.capture.archive import RetryPolicy
+from gpulens.hooks import hook_path
 from tests.conftest import free_port, is_root
 from tests.doubles.dynolog_double import DynologDouble
 from tests.conftest import requires

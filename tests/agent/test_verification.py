@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.agent.jsonstream import TraceStream, TraceSyntaxError
-from capture.agent.verification import Expectation, verify_trace
+from gpulens.capture.agent.jsonstream import TraceStream, TraceSyntaxError
+from gpulens.capture.agent.verification import Expectation, verify_trace
 from tests.agent.conftest import kineto_like_trace
 
 
@@ -153,9 +153,9 @@ import math  # noqa: E402
 import random  # noqa: E402
 import threading  # noqa: E402
 
-import capture.agent.jsonstream as js  # noqa: E402
-from capture.agent.verification import _Tally  # noqa: E402
-from capture.limits import TRACE_FILE, JsonLimitError, load_file  # noqa: E402
+import gpulens.capture.agent.jsonstream as js  # noqa: E402
+from gpulens.capture.agent.verification import _Tally  # noqa: E402
+from gpulens.capture.wire.limits import TRACE_FILE, JsonLimitError, load_file  # noqa: E402
 
 # `},` `]` `[` `{` and escaped quotes inside strings and nested values: every one is a wrong cut
 TRAPS = [
@@ -262,7 +262,7 @@ def test_every_truncation_of_a_batched_trace_is_an_error():
 
 
 def test_nesting_past_the_parser_limit_is_a_verdict_as_the_analysis_refuses_it(tmp_path, now):
-    """capture/limits.TRACE_FILE lets the parser's recursion limit stand for traces; hitting it in
+    """gpulens/capture/limits.TRACE_FILE lets the parser's recursion limit stand for traces; hitting it in
     an event or a top-level value is a failed verification, not a crash of the verifier."""
     deep = "[" * 100_000 + "]" * 100_000
     for where in ("event", "top"):

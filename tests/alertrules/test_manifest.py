@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 import yaml
 
-from alertrules import generate, manifest, ruleset
+from gpulens.alertrules import generate, manifest, ruleset
 
 from .conftest import run
 
@@ -50,7 +50,7 @@ def _committed():
 
 
 def test_committed_manifest_is_current():
-    assert generate.main(["--check"]) == 0, "run python -m alertrules.generate"
+    assert generate.main(["--check"]) == 0, "run python -m gpulens.alertrules.generate"
 
 
 def test_check_reports_a_stale_manifest(tmp_path):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from alertrules import generate, promql
-from dashboards import build
+from gpulens.alertrules import generate, promql
+from gpulens.dashboards import build
 from tests import rule_signals
 from tests.conftest import free_port
 

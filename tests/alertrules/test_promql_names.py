@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alertrules import promql
+from gpulens.alertrules import promql
 
 
 @pytest.mark.parametrize("expr, names", [

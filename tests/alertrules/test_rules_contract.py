@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from alertrules import promql, ruleset
+from gpulens.alertrules import promql, ruleset
 
 from .conftest import REPO
 
@@ -29,7 +29,7 @@ def test_alert_labels_and_annotations(alert):
     assert set(alert["annotations"]) == {"summary", "description", "runbook_url", "dashboard_url"}
     diagnosis = labels["diagnosis"]
     assert alert["annotations"]["runbook_url"].endswith(f"/runbooks/{diagnosis}.md")
-    assert (REPO / "docs" / "runbooks" / f"{diagnosis}.md").is_file(), f"no runbook for {diagnosis}"
+    assert (REPO / "gpulens" / "alertrules" / "runbooks" / f"{diagnosis}.md").is_file(), f"no runbook for {diagnosis}"
     for text in alert["annotations"].values():
         ruleset.render_template(text, {"namespace": "ns", "pod": "p", "node": "n"})
 
@@ -73,7 +73,7 @@ def test_rules_reference_only_catalogue_metrics_and_own_records():
 
 def test_every_recording_rule_is_used():
     """A record nobody reads is dead weight on every Prometheus that loads the rules."""
-    from dashboards import build  # the dashboards read records too
+    from gpulens.dashboards import build  # the dashboards read records too
     used: set[str] = set()
     for _, expr in RULES.expressions():
         used |= promql.metric_names(expr)

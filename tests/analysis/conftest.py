@@ -2,7 +2,7 @@
 
 A capture is laid out exactly as docs/ARCHITECTURE.md "Archive layout" says:
 `<root>/<namespace>/<job>/<attempt>/<capture_id>/traces/<target_id>.json[.gz]` plus `manifest.json`,
-and its manifest is produced by `capture.models.Manifest` (so it is schema-valid by construction).
+and its manifest is produced by `gpulens.capture.models.Manifest` (so it is schema-valid by construction).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.models import Artifact, ExpectedTarget, Failure, Manifest
+from gpulens.capture.models import Artifact, ExpectedTarget, Failure, Manifest
 from tests.conftest import missing
 
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.analysis import ManifestRefused, analyze_manifest
+from gpulens.capture.analysis import ManifestRefused, analyze_manifest
 
 LOGFMT = re.compile(r"^ts=\S+ level=(debug|info|warning|error) component=analysis event=[a-z_.]+( |$)")
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from capture.analysis import AnalyzeOptions, analyze_manifest
+from gpulens.capture.analysis import AnalyzeOptions, analyze_manifest
 
 from .conftest import CaptureBuilder, raw_events
 

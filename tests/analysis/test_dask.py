@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.analysis import AnalyzeOptions, analyze_manifest
-from capture.analysis.dask_map import (GZIP_EXPANSION, JSON_FACTOR, MIN_WORKER_BYTES, RETRIES, WORKER_BASE_BYTES,
+from gpulens.capture.analysis import AnalyzeOptions, analyze_manifest
+from gpulens.capture.analysis.dask_map import (GZIP_EXPANSION, JSON_FACTOR, MIN_WORKER_BYTES, RETRIES, WORKER_BASE_BYTES,
                                        plan_cluster)
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -193,7 +193,7 @@ class _A:
 
 
 def test_workers_are_sized_from_the_largest_trace(monkeypatch):
-    monkeypatch.setattr("capture.analysis.dask_map._total_memory", lambda: 64 << 30)
+    monkeypatch.setattr("gpulens.capture.analysis.dask_map._total_memory", lambda: 64 << 30)
     p = plan_cluster([_A(10 << 20), _A(300 << 20)], jobs=4, scheduler=None, memory_limit=None)
     assert p.workers == 2  # no more workers than ranks
     assert p.memory_limit == WORKER_BASE_BYTES + JSON_FACTOR * (300 << 20)
@@ -206,7 +206,7 @@ def test_workers_are_sized_from_the_largest_trace(monkeypatch):
 
 
 def test_fewer_workers_when_they_would_not_fit(monkeypatch):
-    monkeypatch.setattr("capture.analysis.dask_map._total_memory", lambda: 10 << 30)
+    monkeypatch.setattr("gpulens.capture.analysis.dask_map._total_memory", lambda: 10 << 30)
     p = plan_cluster([_A(1 << 30)] * 8, jobs=8, scheduler=None, memory_limit=None)
     per = WORKER_BASE_BYTES + JSON_FACTOR * (1 << 30)
     assert p.workers == max(1, int((10 << 30) * 0.9) // per) < 8 and "fit" in p.why

@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
-from capture import schemas
-from capture.analysis import AnalyzeOptions, analyze_manifest
+from gpulens.capture import schemas
+from gpulens.capture.analysis import AnalyzeOptions, analyze_manifest
 
 from .conftest import CaptureBuilder, raw_events
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from capture.analysis import AnalyzeOptions, analyze_manifest
+from gpulens.capture.analysis import AnalyzeOptions, analyze_manifest
 
 
 def _ranks(run) -> dict:
@@ -221,7 +221,7 @@ def test_an_encoded_escape_from_the_capture_is_never_read(builder, trace_filter,
 def test_a_trace_outside_the_capture_window_is_excluded_with_the_times(builder, trace_filter):
     """Same clock as rank 0 and close enough to group with it, but starting 200 s after the request:
     more than the documented start slack (WINDOW_START_SLACK_S), so not this capture's trace."""
-    from capture.analysis.rank_selection import WINDOW_START_SLACK_S
+    from gpulens.capture.analysis.rank_selection import WINDOW_START_SLACK_S
     late = json.loads(gzip.decompress(trace_filter[1].read_bytes()))
     for e in late["traceEvents"]:
         if "ts" in e:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from capture.analysis import analyze_manifest
-from capture.analysis.analyses import DEFAULT_ANALYSES, Analysis
-from capture.analysis.analyses.stragglers import _NcclNameCompat
+from gpulens.capture.analysis import analyze_manifest
+from gpulens.capture.analysis.analyses import DEFAULT_ANALYSES, Analysis
+from gpulens.capture.analysis.analyses.stragglers import _NcclNameCompat
 
 
 def _boom(ta, contents):

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from capture.analysis import AnalyzeOptions, analyze_manifest
-from capture.analysis.trace_inspection import InspectJob, inspect_trace
+from gpulens.capture.analysis import AnalyzeOptions, analyze_manifest
+from gpulens.capture.analysis.trace_inspection import InspectJob, inspect_trace
 
 
 def _job(path, tmp_path, rank=3, **kw):

@@ -10,15 +10,15 @@ import socket
 
 import pytest
 
-from capture import schemas
-from capture.analysis import analyze_manifest
-from capture.analysis.analyses import DEFAULT_ANALYSES
-from capture.analysis.contents import combine_contents, describe
-from capture.analysis.hta_loading import _assemble, _parse, facade, load_rank
-from capture.analysis.manifest_reading import read_manifest
-from capture.analysis.reduce import reduce_ranks
-from capture.analysis.summary import build_summary
-from gpulens.logs import get_logger
+from gpulens.capture import schemas
+from gpulens.capture.analysis import analyze_manifest
+from gpulens.capture.analysis.analyses import DEFAULT_ANALYSES
+from gpulens.capture.analysis.contents import combine_contents, describe
+from gpulens.capture.analysis.hta_loading import _assemble, _parse, facade, load_rank
+from gpulens.capture.analysis.manifest_reading import read_manifest
+from gpulens.capture.analysis.reduce import reduce_ranks
+from gpulens.capture.analysis.summary import build_summary
+from gpulens.ground.logs import get_logger
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # pandas, inside HTA
 
@@ -42,7 +42,7 @@ def _hta_stragglers(whole, contents) -> dict:
     """HTA's own straggler call over all ranks in one trace (what the analysis did before the split)."""
     from hta.analyzers.straggler import find_stragglers_with_late_start_comm_kernels
 
-    from capture.analysis.analyses.stragglers import _NcclNameCompat, candidates_wanted
+    from gpulens.capture.analysis.analyses.stragglers import _NcclNameCompat, candidates_wanted
 
     counts = {}
 
@@ -83,7 +83,7 @@ def test_every_analysis_merged_from_ranks_equals_one_hta_over_all_ranks(one_hta_
 
 def test_stragglers_merge_uses_htas_common_time_axis(one_hta_and_per_rank):
     """Each rank alone is aligned to its own first event; the merge must shift it back (min_ts)."""
-    from capture.analysis.analyses import stragglers
+    from gpulens.capture.analysis.analyses import stragglers
 
     whole, alone = one_hta_and_per_rank
     contents = {r: describe(t) for r, t in alone.items()}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from capture import schemas
-from capture.analysis import analyze_manifest
+from gpulens.capture import schemas
+from gpulens.capture.analysis import analyze_manifest
 
 from .test_verdicts import incident_traces  # noqa: F401 - the module fixture
 
@@ -164,7 +164,7 @@ def _replica_evidence(rank: int, calls: int, us_per_call: float) -> dict:
 ])
 def test_own_work_explains_only_its_share_of_the_slowdown(peer_calls, peer_us, own_us, verdict):
     """The replica behind the neighbour makes 100 calls per second per operator; the peer `peer_calls`."""
-    from capture.analysis.verdicts import judge
+    from gpulens.capture.analysis.verdicts import judge
     v = judge({"kind": "alert", "diagnosis": "noisy_neighbor"}, [_replica_evidence(0, 100, own_us)], "cpu_only",
               {"capture_id": "c (peer)", "summary_uri": None, "peer": True,
                "evidence": [_replica_evidence(0, peer_calls, peer_us)]})

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.analysis import analyze_manifest
+from gpulens.capture.analysis import analyze_manifest
 
 from .browser import CHROMIUM, render
 from tests.conftest import requires

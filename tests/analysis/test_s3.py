@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.models import Artifact, ExpectedTarget, Manifest
+from gpulens.capture.models import Artifact, ExpectedTarget, Manifest
 from tests.analysis.conftest import trace_start
 from tests.conftest import free_port
 from tests.s3server import CREDS, start_moto, stop_process

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from capture.analysis import analyze_manifest
-from capture.analysis.cross_rank import stragglers
+from gpulens.capture.analysis import analyze_manifest
+from gpulens.capture.analysis.cross_rank import stragglers
 
 from .conftest import DDP_SLOW_RANK, DDP_WORLD
 

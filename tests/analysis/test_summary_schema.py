@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from capture import schemas
-from capture.analysis.summary import summary_json
+from gpulens.capture import schemas
+from gpulens.capture.analysis.summary import summary_json
 
 
 def _minimal() -> dict:

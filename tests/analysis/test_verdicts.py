@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from capture import schemas
-from capture.analysis import analyze_manifest
+from gpulens.capture import schemas
+from gpulens.capture.analysis import analyze_manifest
 
 from .browser import CHROMIUM, render
 from .conftest import HERE, raw_events
@@ -88,7 +88,7 @@ def test_only_copies_the_program_makes_count_as_host_blocking_on_cpu_traces():
     a transfer: counting it made healthy CPU-only steps look 1-5 % host-blocked on a loaded machine."""
     import pandas as pd
 
-    from capture.analysis.evidence import _program_copies
+    from gpulens.capture.analysis.evidence import _program_copies
 
     ids = {n: i for i, n in enumerate(["aten::addmm", "aten::copy_", "aten::to", "aten::_to_copy", "aten::div_"])}
     rows = [  # (tid, ts, end, name): addmm > copy_ | to > _to_copy > copy_ | div_ > to > _to_copy | copy_

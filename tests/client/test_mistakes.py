@@ -165,7 +165,7 @@ async def test_a_stalled_coordinator_gives_outcome_unknown_and_the_retry_returns
 def test_people_read_queued_whichever_trigger_holds_the_config():
     """`queued_by_dynolog` is the wire name; with the builtin endpoint no dynolog runs, so the text
     view says `queued` (the --json view keeps the wire name)."""
-    from capture.client.render import format_event, format_status
+    from gpulens.capture.client.render import format_event, format_status
     status = {"capture_id": CID, "phase": "capturing", "counts": {"queued_by_dynolog": 1},
               "targets": [{"target_id": "rank-0", "state": "queued_by_dynolog", "pod": "p", "node": "n"}]}
     text = format_status(status) + "\n" + format_event({"event": "target", "target_id": "rank-0",

@@ -118,8 +118,8 @@ def test_the_capture_is_analysed_by_a_job_and_its_grafana_annotation_links_the_r
     Job in the trainer's namespace (unarmed, the coordinator's ServiceAccount, the archive Secret),
     writes its report beside the manifest, and the coordinator's Grafana annotation links it."""
     from kubernetes import client
-    from capture.annotations.render import capture_tags
-    from capture.coordinator.analysis_job import analysis_job_name, label_value, report_uri_of
+    from gpulens.capture.annotations.render import capture_tags
+    from gpulens.capture.coordinator.analysis_job import analysis_job_name, label_value, report_uri_of
     ns, _ = trainer
     cid, manifest_uri = gateway_capture["capture_id"], gateway_capture["manifest_uri"]
     status = wait_until("the capture's analysis finished", lambda: (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.operator import labels as L
+from gpulens.capture.wire import labels as L
 
 from .harness import NS, wait_until
 from .workload import (JOB, armed_namespace, archived_size, capture_status, read_manifest, start_capture,

@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from capture.operator import labels as L
+from gpulens.capture.wire import labels as L
 
 from .harness import NS, STATE, forbidden_in_logs, pod_log, pod_logs, wait_until
 from .workload import call, capture_status, gateway, read_manifest, torch_site, wait_converged

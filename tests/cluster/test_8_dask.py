@@ -152,7 +152,7 @@ def _s3_json(s3, uri: str) -> dict:
 def _rank_summaries(s3, manifest_uri: str) -> dict[int, dict]:
     """Each archived rank's own summary, written next to its trace by the worker that analysed it
     (none for a rank no worker finished)."""
-    from capture.analysis.rank_work import rank_summary_key
+    from gpulens.capture.analysis.rank_work import rank_summary_key
     prefix = manifest_uri.rsplit("/", 1)[0]
     out = {}
     for a in _s3_json(s3, manifest_uri)["artifacts"]:

@@ -4,7 +4,7 @@ the loop (test_3), the faults (test_4) and the churn (test_6) run the same train
 The trainer runs Debian's python3 from the gpulens image (bookworm + python3 + bcc, no torch):
 torch comes from this machine's venv and the demo trainer from the repository, both hostPath
 read-only (no registry here to pull a torch image from); it drives the CUDA driver stand-in
-(exporter/stub, also by hostPath), so the exporter's uprobes count its launches."""
+(gpulens/exporter/stub, also by hostPath), so the exporter's uprobes count its launches."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     path nobody writes. `nodes` > 1: that many pods of the Job, one per node (required
     anti-affinity), one torchrun world of 2 x `nodes` ranks found through the PEERS Service
     (trainer_peers_service; FIND_PEERS), its gloo all-reduce crossing the nodes every step."""
-    from exporter.stub import build_stub
+    from gpulens.exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
     mounts = [("repo", str(REPO)), ("site", site), ("stub", str(libcuda.parents[1]))]

@@ -34,7 +34,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.stub import build_stub
+from gpulens.exporter.stub import build_stub
 
 from .conftest import PODMAN, podman, wait_http, http_get
 from tests.conftest import free_port
@@ -54,7 +54,7 @@ WORKLOAD_ARGS = ("--steps", "300", "--kernels", "50", "--kernel-us", "60", "--la
 #: Replaces the exporter's resolver with "use the path from maps as is" (the broken exporter).
 BROKEN_RESOLVER = '''
 import sys
-import exporter.discovery as d
+import gpulens.exporter.discovery as d
 print("gpulens-test: exporter resolver replaced by the maps path", file=sys.stderr, flush=True)
 def _resolve(self, pid, key, path, deleted, vma):
     return d.LibraryFile(key=key, path=path, attach_path=path)

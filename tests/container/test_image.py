@@ -57,7 +57,7 @@ def test_default_command_is_help_as_non_root(image, containers):
 
 PROBE = r"""
 import getpass, importlib.util, json, os, pwd
-mods = ["bcc", "hta.trace_analysis", "capture.analysis", "exporter.probes", "kopf", "torch",
+mods = ["bcc", "hta.trace_analysis", "gpulens.capture.analysis", "gpulens.exporter.probes", "kopf", "torch",
         "jupyterlab", "notebook", "pytest", "moto", "kmock", "pip"]
 print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "user": getpass.getuser(),
                   "home": pwd.getpwuid(os.getuid()).pw_dir,
@@ -73,7 +73,7 @@ def test_contents_runtime_only_with_a_named_user(image, containers):
     got = json.loads(done.stdout)
     assert (got["uid"], got["gid"], got["user"]) == (65532, 65532, "gpulens")
     found = got["found"]
-    assert all(found[m] for m in ("bcc", "hta.trace_analysis", "capture.analysis", "exporter.probes", "kopf"))
+    assert all(found[m] for m in ("bcc", "hta.trace_analysis", "gpulens.capture.analysis", "gpulens.exporter.probes", "kopf"))
     assert not any(found[m] for m in ("torch", "jupyterlab", "notebook", "pytest", "moto", "kmock", "pip")), found
     assert got["headers"] is True
     assert got["root_writable"] is False

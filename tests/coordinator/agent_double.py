@@ -28,8 +28,8 @@ from urllib.parse import unquote, urlparse
 
 from aiohttp import web
 
-from capture.models import Artifact, Dispatch, FailureReason, TargetState, TargetStatus
-from capture.schemas import SchemaError
+from gpulens.capture.models import Artifact, Dispatch, FailureReason, TargetState, TargetStatus
+from gpulens.capture.schemas import SchemaError
 
 STEPS = (TargetState.QUEUED_BY_DYNOLOG, TargetState.TRACE_OBSERVED, TargetState.VERIFIED, TargetState.ARCHIVED)
 

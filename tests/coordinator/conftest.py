@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from capture.coordinator import (AgentClient, AgentUrls, Coordinator, CoordinatorSettings, DeadlinePolicy,
+from gpulens.capture.coordinator import (AgentClient, AgentUrls, Coordinator, CoordinatorSettings, DeadlinePolicy,
                                  FanoutSettings, LocalDiscovery)
-from capture.coordinator.auth import SecretFile
+from gpulens.capture.wire.auth import SecretFile
 
 AGENT_TOKEN = "agent-secret-token"
 

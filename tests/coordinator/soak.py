@@ -33,10 +33,10 @@ from pathlib import Path
 
 import aiohttp
 
-from capture.coordinator import DeadlinePolicy, FanoutSettings
-from capture.coordinator.service import CaptureBusy
-from capture.models import CaptureReason, CaptureRequest
-from hooks import hook_path
+from gpulens.capture.coordinator import DeadlinePolicy, FanoutSettings
+from gpulens.capture.coordinator.service import CaptureBusy
+from gpulens.capture.models import CaptureReason, CaptureRequest
+from gpulens.hooks import hook_path
 from tests.conftest import free_port
 from tests.coordinator.conftest import AGENT_TOKEN, make_coordinator
 from tests.coordinator.servers import GpulensProcess

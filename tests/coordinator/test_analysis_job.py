@@ -18,12 +18,12 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
-from capture.annotations import FileSink
-from capture.coordinator import Phase
-from capture.coordinator.analysis_job import (AnalysisJobRunner, AnalysisJobSpec, OwnerRef, analysis_job,
+from gpulens.capture.annotations import FileSink
+from gpulens.capture.coordinator import Phase
+from gpulens.capture.coordinator.analysis_job import (AnalysisJobRunner, AnalysisJobSpec, OwnerRef, analysis_job,
                                               analysis_job_name, report_uri_of)
-from capture.coordinator.command import analysis_for
-from capture.models import CaptureRequest
+from gpulens.capture.coordinator.command import analysis_for
+from gpulens.capture.models import CaptureRequest
 from gpulens.cli import build_subparser
 from tests.operator.apiserver import running_apiserver
 from tests.operator.rbac import allowed, attributes
@@ -141,8 +141,8 @@ def test_the_job_name_is_a_deterministic_dns_label_distinct_per_job_and_attempt(
 
 
 def test_the_report_uri_is_where_gpulens_analyze_writes_it():
-    from capture.analysis import REPORT_KEY
-    from capture.analysis.manifest_reading import capture_prefix_of
+    from gpulens.capture.analysis import REPORT_KEY
+    from gpulens.capture.analysis.manifest_reading import capture_prefix_of
     for uri in ("s3://b/p/ml/train/0/c-1/manifest.json", "file:///var/archive/ml/train/0/c-1/manifest.json"):
         assert report_uri_of(uri) == f"{capture_prefix_of(uri)}/{REPORT_KEY}"
 
@@ -357,7 +357,7 @@ def test_analysis_job_on_the_command_line_builds_the_job_runner_from_its_flags()
     (("--analysis", "job", "--analysis-image", "i", "--coordinator-uid", "u"), "together"),
 ])
 def test_an_incomplete_analysis_job_command_line_is_refused(extra, problem, capsys):
-    from capture.coordinator.command import run
+    from gpulens.capture.coordinator.command import run
     assert run(_args(*extra)) == 2
     assert problem in capsys.readouterr().err
 

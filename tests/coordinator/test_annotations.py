@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from capture.annotations import Annotation, AnnotationSync, FileSink, GrafanaSink
-from capture.coordinator import Phase
-from capture.coordinator.auth import SecretFile
-from capture.models import CaptureReason, CaptureRequest
+from gpulens.capture.annotations import Annotation, AnnotationSync, FileSink, GrafanaSink
+from gpulens.capture.coordinator import Phase
+from gpulens.capture.wire.auth import SecretFile
+from gpulens.capture.models import CaptureReason, CaptureRequest
 from tests.doubles.grafana_double import GrafanaDouble, RunningGrafana
 
 from .agent_double import AgentDouble, RunningAgent
@@ -174,7 +174,7 @@ async def test_file_sink_keeps_every_annotation_of_concurrent_coordinators(tmp_p
 
 
 async def test_file_sink_refuses_to_overwrite_a_file_it_cannot_read(tmp_path):
-    from capture.annotations import AnnotationError
+    from gpulens.capture.annotations import AnnotationError
     path = tmp_path / "annotations.json"
     path.write_text("{half written")
     try:

@@ -9,8 +9,8 @@ import json
 import aiohttp
 import pytest
 
-from capture.coordinator import make_app
-from capture.coordinator.auth import Credentials, SecretFile
+from gpulens.capture.coordinator import make_app
+from gpulens.capture.wire.auth import Credentials, SecretFile
 
 from .agent_double import AgentDouble, RunningAgent
 from .conftest import AGENT_TOKEN, make_coordinator, write_job

@@ -8,9 +8,9 @@ import json
 import aiohttp
 import pytest
 
-from capture.coordinator import make_app
-from capture.models import CaptureRequest
-from capture.coordinator.auth import Credentials, SecretFile
+from gpulens.capture.coordinator import make_app
+from gpulens.capture.models import CaptureRequest
+from gpulens.capture.wire.auth import Credentials, SecretFile
 from tests.coordinator.agent_double import AgentDouble, RunningAgent
 from tests.coordinator.conftest import AGENT_TOKEN, make_coordinator, write_job
 from tests.coordinator.servers import serving

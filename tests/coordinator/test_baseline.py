@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import json
 
-from capture.models import CaptureRequest, Manifest
+from gpulens.capture.models import CaptureRequest, Manifest
 
 from .agent_double import AgentDouble, RunningAgent
 from .conftest import AGENT_TOKEN, make_coordinator, write_job

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from capture.coordinator.budget import (CONSERVATIVE_PER_ITERATION, BudgetRefused, Measured, measured_from,
+from gpulens.capture.coordinator.budget import (CONSERVATIVE_PER_ITERATION, BudgetRefused, Measured, measured_from,
                                         plan_budget)
-from capture.coordinator.service import RequestMismatch
-from capture.dynolog import TraceConfig, build_config
-from capture.models import Artifact, CaptureOptions, CaptureRequest, ExpectedTarget, Manifest
-from capture.models.budget import MIB
+from gpulens.capture.coordinator.service import RequestMismatch
+from gpulens.capture.dynolog import TraceConfig, build_config
+from gpulens.capture.models import Artifact, CaptureOptions, CaptureRequest, ExpectedTarget, Manifest
+from gpulens.capture.models.budget import MIB
 
 from .agent_double import AgentDouble, RunningAgent
 from .conftest import AGENT_TOKEN, make_coordinator, write_job

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import sys
 
-from capture.archive import ArchiveError
-from capture.coordinator import Phase
-from capture.coordinator.analysis_runner import AnalysisRunner
-from capture.models import CaptureRequest, Manifest
+from gpulens.capture.archive import ArchiveError
+from gpulens.capture.coordinator import Phase
+from gpulens.capture.coordinator.analysis_runner import AnalysisRunner
+from gpulens.capture.models import CaptureRequest, Manifest
 
 from .agent_double import AgentDouble, RunningAgent
 from .conftest import AGENT_TOKEN, make_coordinator, write_job

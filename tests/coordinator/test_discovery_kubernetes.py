@@ -10,10 +10,10 @@ import json
 import pytest
 from kubernetes import client
 
-from capture.coordinator import AgentClient, AgentUrls, DiscoveryError, Phase
-from capture.coordinator.auth import SecretFile
-from capture.coordinator.kube_discovery import KubernetesDiscovery
-from capture.models import CaptureRequest, Manifest
+from gpulens.capture.coordinator import AgentClient, AgentUrls, DiscoveryError, Phase
+from gpulens.capture.wire.auth import SecretFile
+from gpulens.capture.coordinator.kube_discovery import KubernetesDiscovery
+from gpulens.capture.models import CaptureRequest, Manifest
 from tests.operator.apiserver import running_apiserver
 
 from .agent_double import AgentDouble, RunningAgent

@@ -2,7 +2,7 @@
 
 import pytest
 
-from capture.coordinator import AgentUrls, DiscoveryError, LocalDiscovery
+from gpulens.capture.coordinator import AgentUrls, DiscoveryError, LocalDiscovery
 
 from .conftest import record, write_job, write_record
 

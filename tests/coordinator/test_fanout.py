@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from capture.coordinator import Phase
-from capture.models import CaptureRequest, Manifest
+from gpulens.capture.coordinator import Phase
+from gpulens.capture.models import CaptureRequest, Manifest
 
 from .agent_double import AgentDouble, RunningAgent
 from .conftest import AGENT_TOKEN, make_coordinator, write_job
@@ -157,8 +157,8 @@ async def test_a_target_that_never_registered_is_not_dispatched(tmp_path, http):
 def test_agents_are_polled_less_often_while_no_trace_can_exist_yet():
     import time as _time
 
-    from capture.coordinator.fanout import AgentWorker, FanoutSettings
-    from capture.coordinator.progress import CaptureRecord
+    from gpulens.capture.coordinator.fanout import AgentWorker, FanoutSettings
+    from gpulens.capture.coordinator.progress import CaptureRecord
 
     rec = CaptureRecord("c-x", CaptureRequest(job_id="train"), "ml", "train", 0)
     w = AgentWorker(rec, "http://a", [], client=None, settings=FanoutSettings(poll_interval_s=1, quiet_poll_interval_s=3,

@@ -15,11 +15,11 @@ import pytest
 from yarl import URL
 from prometheus_client.parser import text_string_to_metric_families
 
-from capture.agent.client import AgentClient
-from capture.agent.runtime import start_agent
-from capture.coordinator import DeadlinePolicy, make_app
-from capture.coordinator.auth import Credentials, SecretFile
-from capture.models import CaptureRequest
+from gpulens.capture.agent.client import AgentClient
+from gpulens.capture.agent.runtime import start_agent
+from gpulens.capture.coordinator import DeadlinePolicy, make_app
+from gpulens.capture.wire.auth import Credentials, SecretFile
+from gpulens.capture.models import CaptureRequest
 from tests.agent.test_agent import TOKEN as AGENT_TOKEN
 from tests.agent.test_agent import Node
 

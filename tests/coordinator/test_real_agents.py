@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from capture.coordinator import DeadlinePolicy, FanoutSettings, make_app
-from capture.coordinator.auth import Credentials, SecretFile
-from capture.models import Manifest
-from hooks import hook_path
+from gpulens.capture.coordinator import DeadlinePolicy, FanoutSettings, make_app
+from gpulens.capture.wire.auth import Credentials, SecretFile
+from gpulens.capture.models import Manifest
+from gpulens.hooks import hook_path
 from tests.conftest import free_port
 
 from .conftest import AGENT_TOKEN, make_coordinator

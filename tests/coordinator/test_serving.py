@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from capture.coordinator import LocalDiscovery
-from capture.coordinator.service import RequestMismatch
-from capture.models import CaptureRequest, Manifest, TargetState
+from gpulens.capture.coordinator import LocalDiscovery
+from gpulens.capture.coordinator.service import RequestMismatch
+from gpulens.capture.models import CaptureRequest, Manifest, TargetState
 
 from .agent_double import AgentDouble, RunningAgent
 from .conftest import AGENT_TOKEN, make_coordinator, record, write_record

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from capture.agent.steps import first_traced_step
+from gpulens.capture.agent.steps import first_traced_step
 from tests.coordinator.soak import Soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(900)]

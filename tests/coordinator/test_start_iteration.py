@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from capture.coordinator.start_iteration import MIN_AHEAD, plan_start
-from capture.models import StepReading
+from gpulens.capture.coordinator.start_iteration import MIN_AHEAD, plan_start
+from gpulens.capture.models import StepReading
 
 
 def test_the_start_is_ahead_of_the_furthest_rank_by_the_fastest_ranks_lead():

@@ -1,6 +1,6 @@
 """expand(): pods -> one target per worker, with every gap an explicit not_registered target."""
 
-from capture.coordinator.targets import PodFacts, expand
+from gpulens.capture.coordinator.targets import PodFacts, expand
 
 
 def pod(name, base, lws=4, registered=None, url="http://a", node="n1"):
@@ -50,7 +50,7 @@ def test_a_rank_claimed_twice_keeps_one_target_and_says_so():
 
 
 def test_dispatchable_excludes_exactly_the_unregistered():
-    from capture.coordinator.targets import Snapshot
+    from gpulens.capture.coordinator.targets import Snapshot
     targets, _ = expand([pod("p0", 0, lws=3, registered={1})])
     snap = Snapshot(targets, 3)
     assert [t.rank for t in snap.dispatchable] == [1]

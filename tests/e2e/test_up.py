@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from capture import schemas
+from gpulens.capture import schemas
 from gpulens.up.layout import Ports
 from gpulens.up.runner import SERVING_PODS, SERVING_REVISION, SERVING_WORKLOAD
 from tests import rule_signals

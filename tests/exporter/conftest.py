@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.config import ExporterConfig
-from exporter.stub import StubBuild, build_stub
+from gpulens.exporter.config import ExporterConfig
+from gpulens.exporter.stub import StubBuild, build_stub
 from tests.conftest import missing, requires
 
 DATA = Path(__file__).parent / "data"
@@ -166,7 +166,7 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
 
 def registration(directory: Path, pid: int, pod: str, *, namespace: str = "team-a", container: str = "trainer",
                  start_time: float | None = None, **extra) -> Path:
-    """A registration record as the trainer hook writes it (capture/schemas/registration.schema.json)."""
+    """A registration record as the trainer hook writes it (gpulens/capture/schemas/registration.schema.json)."""
     pidns = os.readlink(f"/proc/{pid}/ns/pid")
     rec = {
         "schema_version": 1, "job_id": "job1", "attempt": 0, "namespace": namespace, "pod": pod,
@@ -186,7 +186,7 @@ def registration(directory: Path, pid: int, pod: str, *, namespace: str = "team-
 @pytest.fixture
 def exporter_for():
     """Exporters started by a test, closed after it (probes detached even when the test fails)."""
-    from exporter.service import Exporter
+    from gpulens.exporter.service import Exporter
 
     made: list[Exporter] = []
 

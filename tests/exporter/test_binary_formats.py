@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.btf import VMLINUX_BTF, BtfError, member_offsets
-from exporter.elfsyms import ElfError, function_offsets
-from exporter.symbols import DRIVER_PROBES, probe_names
+from gpulens.exporter.btf import VMLINUX_BTF, BtfError, member_offsets
+from gpulens.exporter.elfsyms import ElfError, function_offsets
+from gpulens.exporter.symbols import DRIVER_PROBES, probe_names
 from tests.conftest import requires
 
 
@@ -68,7 +68,7 @@ def test_truncated_library_raises_elf_error(stub, tmp_path):
 
 
 def test_every_probe_has_a_kind_the_bpf_program_handles():
-    source = (Path(__file__).resolve().parents[2] / "exporter" / "bpf" / "counters.c").read_text()
+    source = (Path(__file__).resolve().parents[2] / "gpulens" / "exporter" / "bpf" / "counters.c").read_text()
     for spec in DRIVER_PROBES:
         assert f"int {spec.entry}(struct pt_regs *ctx)" in source
         assert f"return handle_entry(ctx, " in source

@@ -1,4 +1,4 @@
-"""The collector emits exactly the catalogue (exporter/metrics.yaml): names, types, labels, units."""
+"""The collector emits exactly the catalogue (gpulens/exporter/metrics.yaml): names, types, labels, units."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalogue import CATALOGUE_PATH, load_catalogue
-from exporter.collector import GpulensCollector, ScrapeData, SourceView, build_families
-from exporter.ledger import SeriesKey, Totals
-from exporter.probes import MapUsage
+from gpulens.exporter.catalogue import CATALOGUE_PATH, load_catalogue
+from gpulens.exporter.collector import GpulensCollector, ScrapeData, SourceView, build_families
+from gpulens.exporter.ledger import SeriesKey, Totals
+from gpulens.exporter.probes import MapUsage
 
 
 def full_data() -> ScrapeData:

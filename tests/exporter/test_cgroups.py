@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.cgroups import parse_cgroup
+from gpulens.exporter.cgroups import parse_cgroup
 
 CID = "acb62391578595ec849d87d8556369cee7f935f0425097fd5f870df0e8aabd3c"
 CID2 = "cde6dfaf5007a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a"

@@ -10,12 +10,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from exporter.config import ExporterConfig
-from exporter.dcgm import DcgmParseError, DcgmSource
-from exporter.health import SourceHealth
-from exporter.nvml.api import GpuProcess
-from exporter.nvml.fake import FakeNvml
-from exporter.service import Exporter
+from gpulens.exporter.config import ExporterConfig
+from gpulens.exporter.dcgm import DcgmParseError, DcgmSource
+from gpulens.exporter.health import SourceHealth
+from gpulens.exporter.nvml.api import GpuProcess
+from gpulens.exporter.nvml.fake import FakeNvml
+from gpulens.exporter.service import Exporter
 
 from .conftest import DATA, scrape, value
 
@@ -227,7 +227,7 @@ async def test_a_page_that_arrives_in_pieces_is_read_whole():
 
 
 async def test_oversized_page_is_refused(dcgm_server, monkeypatch):
-    import exporter.dcgm as dcgm
+    import gpulens.exporter.dcgm as dcgm
     monkeypatch.setattr(dcgm, "MAX_BODY", 1000)
     src, _ = source(dcgm_server.url)
     async with aiohttp.ClientSession() as session:

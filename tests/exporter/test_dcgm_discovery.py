@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from exporter.command import config_from_args, configure
-from exporter.config import ExporterConfig
-from exporter.dcgm_discovery import DcgmFinder, endpoint_of_pod
-from exporter.service import Exporter
+from gpulens.exporter.command import config_from_args, configure
+from gpulens.exporter.config import ExporterConfig
+from gpulens.exporter.dcgm_discovery import DcgmFinder, endpoint_of_pod
+from gpulens.exporter.service import Exporter
 
 from .conftest import scrape, value
 from .test_dcgm import PAGE, DcgmExporterDouble, name_pods
@@ -248,7 +248,7 @@ async def test_without_nvml_the_pod_dcgm_exporter_names_gets_the_device_fields(k
     """No NVML in the exporter's container (nothing says which process runs on which GPU): the pod
     dcgm-exporter names for GPU 0 (from the kubelet's pod-resources) is joined with this node's pod
     index, which gives its job and workload; a pod the index does not know keeps its name only."""
-    from exporter.kube import PodIndex
+    from gpulens.exporter.kube import PodIndex
     first, _ = dcgm_servers
     first.body = name_pods(PAGE, {"0": [("ml", "trainer-7x2", "trainer")], "1": [("ml", "gone-pod", "c")]})
     kmock.resources["v1/pods"] = {}
@@ -311,8 +311,8 @@ def test_dcgm_url_wins_over_discovery():
 
 
 def test_a_new_dcgm_exporter_counts_from_zero_and_totals_never_drop():
-    from exporter.dcgm import DcgmSource
-    from exporter.health import SourceHealth
+    from gpulens.exporter.dcgm import DcgmSource
+    from gpulens.exporter.health import SourceHealth
     from .test_dcgm import _counter_page
     src = DcgmSource("http://10.0.0.1:9400/metrics", SourceHealth("dcgm"), clock=lambda: 0.0)
     src.ingest(_counter_page(1000))

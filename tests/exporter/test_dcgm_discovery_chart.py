@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from exporter.command import config_from_args, configure
-from exporter.dcgm_discovery import DcgmFinder
+from gpulens.exporter.command import config_from_args, configure
+from gpulens.exporter.dcgm_discovery import DcgmFinder
 
 from ..helm.chart import NAMESPACE, by_kind, containers, one, render, validate
 from ..operator.rbac import allowed, attributes

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.discovery import LibraryScanner, glob_regex
-from exporter.procfs import ProcFS
+from gpulens.exporter.discovery import LibraryScanner, glob_regex
+from gpulens.exporter.procfs import ProcFS
 
 
 class FakeProc:

@@ -7,10 +7,10 @@ import gzip
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_generate_latest
 
-from exporter.catalogue import load_catalogue
-from exporter.collector import GpulensCollector, ScrapeData, SourceView
-from exporter.exposition import ExpositionCache
-from exporter.ledger import SeriesKey, Totals
+from gpulens.exporter.catalogue import load_catalogue
+from gpulens.exporter.collector import GpulensCollector, ScrapeData, SourceView
+from gpulens.exporter.exposition import ExpositionCache
+from gpulens.exporter.ledger import SeriesKey, Totals
 
 OM = "application/openmetrics-text; version=1.0.0"
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.retprobe_gate import GateVerdict
-from exporter.service import Exporter
+from gpulens.exporter.retprobe_gate import GateVerdict
+from gpulens.exporter.service import Exporter
 
 from .conftest import make_config, registration, requires_ebpf, scrape, value, wait_for
 

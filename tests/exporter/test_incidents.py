@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from exporter.nvml.stub_api import StubNvmlApi
-from exporter.service import Exporter
+from gpulens.exporter.nvml.stub_api import StubNvmlApi
+from gpulens.exporter.service import Exporter
 
 from .conftest import make_config, registration, requires_ebpf, wait_for
 

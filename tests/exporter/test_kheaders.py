@@ -6,7 +6,7 @@ tests/container/test_exporter_container.py.
 
 from pathlib import Path
 
-from exporter.kheaders import choose
+from gpulens.exporter.kheaders import choose
 
 REL = "6.18.0-test"
 

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from kubernetes import client
 
-from exporter.attribution import Attributor, Workload
-from exporter.kube import PodIndex, PodInfo
-from exporter.procfs import ProcFS
-from exporter.service import Exporter
+from gpulens.exporter.attribution import Attributor, Workload
+from gpulens.exporter.kube import PodIndex, PodInfo
+from gpulens.exporter.procfs import ProcFS
+from gpulens.exporter.service import Exporter
 
 from .conftest import bcc_usable, make_config, scrape, value
 from tests.conftest import requires
@@ -113,7 +113,7 @@ async def test_pods_job_id_comes_from_its_labels_through_list_and_watch(kmock, i
 
 
 def _operator_job_id(p: dict) -> str | None:
-    from capture.operator.jobs import job_of_pod as operator_job_of_pod
+    from gpulens.capture.operator.jobs import job_of_pod as operator_job_of_pod
     ref = operator_job_of_pod(p)
     return ref.job_id if ref else None
 
@@ -132,7 +132,7 @@ def _operator_job_id(p: dict) -> str | None:
 def test_job_id_is_the_one_the_operator_gives_the_coordinator(labels, owners):
     """Exporter and capture never import each other, so the rule is duplicated; this keeps both in step
     (the gateway calls the Service of the job the alert names, which the operator made for its job id)."""
-    from exporter.kube import job_of_pod, pod_info
+    from gpulens.exporter.kube import job_of_pod, pod_info
     p = pod("w-0", "u-1", NODE, labels=labels, owners=owners)
     expected = _operator_job_id(p)
     assert pod_info(p).job == (expected or "")
@@ -170,14 +170,14 @@ _RS = {"apiVersion": "apps/v1", "kind": "ReplicaSet"}
     ("lonely", {"app": "x"}, [], "Pod/lonely"),
 ])
 def test_workload_of_a_pod_survives_its_replacement(name, labels, owners, workload):
-    from exporter.kube import pod_info, workload_of_pod
+    from gpulens.exporter.kube import pod_info, workload_of_pod
     p = pod(name, "u-1", NODE, labels=labels, owners=owners)
     assert pod_info(p).workload == workload
     assert workload_of_pod(client.ApiClient().deserialize(_Resp(p), "V1Pod").metadata) == workload
 
 
 def test_workload_prefers_the_controlling_owner_and_ignores_broken_references():
-    from exporter.kube import workload_of_pod
+    from gpulens.exporter.kube import workload_of_pod
     meta = {"name": "p", "ownerReferences": [{"kind": "ConfigMap", "name": "cm"},
                                              {"kind": "StatefulSet", "name": "db", "controller": True}]}
     assert workload_of_pod(meta) == "StatefulSet/db"
@@ -189,7 +189,7 @@ def test_workload_prefers_the_controlling_owner_and_ignores_broken_references():
 
 
 def test_workload_label_of_registrations_and_local_processes():
-    from exporter.attribution import local_workload, workload_id
+    from gpulens.exporter.attribution import local_workload, workload_id
     assert workload_id(Workload("ml", "trainer-7", "c", "registration", "llama-ft")) == "job/llama-ft"
     assert workload_id(Workload("ml", "trainer-7", "c", "registration", "")) == "Pod/trainer-7"
     assert workload_id(local_workload("python3")) == "Pod/python3"
@@ -205,8 +205,8 @@ class _Resp:
 
 
 def test_label_names_match_the_operators():
-    import capture.operator.labels as L
-    from exporter import kube
+    import gpulens.capture.wire.labels as L
+    from gpulens.exporter import kube
     assert (kube.SERVING_LABEL, kube.SERVING_KINDS) == (L.SERVING, L.SERVING_KINDS)
     assert (kube.JOB_LABEL, kube.BATCH_JOB_NAME, kube.LEGACY_JOB_NAME, kube.JOBSET_NAME, kube.PYTORCHJOB_NAME) == \
         (L.JOB, L.BATCH_JOB_NAME, L.LEGACY_JOB_NAME, L.JOBSET_NAME, L.PYTORCHJOB_NAME)
@@ -255,7 +255,7 @@ async def test_unreachable_api_server_does_not_crash(tmp_path):
 
 def test_pod_info_from_raw_dict_and_bad_objects():
     assert PodInfo is not None
-    from exporter.kube import pod_info
+    from gpulens.exporter.kube import pod_info
     info = pod_info(pod("x", "u-1", NODE, containers={f"docker://{CID}": "c"}))
     assert info.containers == {CID: "c"} and info.node == NODE
     assert pod_info({"metadata": {}}) is None

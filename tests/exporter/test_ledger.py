@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from exporter.attribution import Workload
-from exporter.ledger import ProcessLedger, SeriesKey
-from exporter.probes import ProcessCounters, ProcessKey
+from gpulens.exporter.attribution import Workload
+from gpulens.exporter.ledger import ProcessLedger, SeriesKey
+from gpulens.exporter.probes import ProcessCounters, ProcessKey
 
 A = ProcessKey(100, 5)
 B = ProcessKey(101, 6)

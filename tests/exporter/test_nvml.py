@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from exporter.config import ExporterConfig
-from exporter.health import SourceHealth
-from exporter.nvml import NvmlSource, NvmlUnavailable, open_nvml
-from exporter.nvml.api import GpuProcess, UtilSample
-from exporter.nvml.fake import FakeNvml
-from exporter.nvml.pynvml_api import PynvmlApi
-from exporter.nvml.stub_api import StubNvmlApi
-from exporter.service import Exporter
+from gpulens.exporter.config import ExporterConfig
+from gpulens.exporter.health import SourceHealth
+from gpulens.exporter.nvml import NvmlSource, NvmlUnavailable, open_nvml
+from gpulens.exporter.nvml.api import GpuProcess, UtilSample
+from gpulens.exporter.nvml.fake import FakeNvml
+from gpulens.exporter.nvml.pynvml_api import PynvmlApi
+from gpulens.exporter.nvml.stub_api import StubNvmlApi
+from gpulens.exporter.service import Exporter
 
 from .conftest import registration, scrape, value
 

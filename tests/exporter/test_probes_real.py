@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 
-from exporter.elfsyms import function_offsets
-from exporter.probes import ProbeUnavailable
-from exporter.symbols import DRIVER_PROBES
-from exporter.service import Exporter
+from gpulens.exporter.elfsyms import function_offsets
+from gpulens.exporter.probes import ProbeUnavailable
+from gpulens.exporter.symbols import DRIVER_PROBES
+from gpulens.exporter.service import Exporter
 
 from .conftest import make_config, registration, requires_ebpf, scrape, value, wait_for
 from tests.conftest import missing
@@ -271,7 +271,7 @@ def test_ebpf_unavailable_is_reported_not_raised(tmp_path):
 
 def test_ebpf_not_root_reason(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    from exporter.probes import DriverProbes
+    from gpulens.exporter.probes import DriverProbes
     with pytest.raises(ProbeUnavailable, match="needs root"):
         DriverProbes()
 

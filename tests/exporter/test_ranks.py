@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from exporter.attribution import Attributor, rank_label
-from exporter.procfs import ProcFS
-from exporter.registrations import RegistrationIndex
+from gpulens.exporter.attribution import Attributor, rank_label
+from gpulens.exporter.procfs import ProcFS
+from gpulens.exporter.registrations import RegistrationIndex
 
 from tests.conftest import requires
 

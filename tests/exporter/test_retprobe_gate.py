@@ -13,11 +13,11 @@ import platform
 
 import pytest
 
-from exporter.elfsyms import function_offsets
-from exporter.probes import DriverProbes
-from exporter.retprobe_gate import URETPROBE_SYSCALL, GateVerdict, self_test
-from exporter.service import Exporter
-from exporter.symbols import DRIVER_PROBES, entry_only
+from gpulens.exporter.elfsyms import function_offsets
+from gpulens.exporter.probes import DriverProbes
+from gpulens.exporter.retprobe_gate import URETPROBE_SYSCALL, GateVerdict, self_test
+from gpulens.exporter.service import Exporter
+from gpulens.exporter.symbols import DRIVER_PROBES, entry_only
 
 from .conftest import make_config, registration, requires_ebpf, scrape, value, wait_for
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.stub import StubBuildError, build_stub
-from exporter.stub.build import default_cache_dir
+from gpulens.exporter.stub import StubBuildError, build_stub
+from gpulens.exporter.stub.build import default_cache_dir
 
 from .conftest import bcc_usable, make_config, scrape, value, wait_for
 from tests.conftest import requires
@@ -112,7 +112,7 @@ def test_unknown_flag_and_missing_library(stub):
 
 def test_stub_driver_from_python(stub):
     code = """
-from exporter.stub import StubDriver, CudaError
+from gpulens.exporter.stub import StubDriver, CudaError
 d = StubDriver("libcuda.so.1", kernel_us=5)   # found through LD_LIBRARY_PATH, like the real driver
 for _ in range(3):
     d.step(kernels=10, h2d_bytes=1000, d2h_sync_bytes=500)
@@ -132,12 +132,12 @@ except CudaError as e:
 @pytest.mark.root
 @requires(bcc_usable())
 def test_stub_driver_calls_are_counted_by_the_exporter(stub, libcuda, tmp_path):
-    from exporter.service import Exporter
+    from gpulens.exporter.service import Exporter
     exp = Exporter(make_config(tmp_path, libcuda))
     exp.start()
     code = f"""
 import sys
-from exporter.stub import StubDriver
+from gpulens.exporter.stub import StubDriver
 d = StubDriver({str(libcuda)!r})
 print("ready", flush=True)
 sys.stdin.readline()

@@ -1,4 +1,4 @@
-"""The archive path rule (capture/archive/paths.py): every escape, plain, percent-encoded or doubly
+"""The archive path rule (gpulens/capture/archive/paths.py): every escape, plain, percent-encoded or doubly
 encoded, is refused by `under_prefix`, `join_uri` and both stores, and a canary file outside the
 root is never read, written or replaced; S3 keys are refused before any request is made."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from capture.archive import ArchiveError, join_uri, open_archive, under_prefix
+from gpulens.capture.archive import ArchiveError, join_uri, open_archive, under_prefix
 
 #: ways to spell "go up two folders and name canary.json"; each must be refused
 ESCAPES = ["../../canary.json", "%2e%2e/%2e%2e/canary.json", "%2E%2E/%2E%2E/canary.json", ".%2e/%2e./canary.json",
@@ -75,7 +75,7 @@ def test_plain_keys_still_work_and_decode_once(tmp_path, layout):
     assert store.get_bytes(uri) == b"{}" and (root / "traces" / "rank-0.json").is_file()
     # an encoded ordinary character names the same object (decoded before use, as it was checked)
     assert store.get_bytes(f"{root.as_uri()}/traces/rank%2D0.json") == b"{}"
-    from capture.archive import archive_path
+    from gpulens.capture.archive import archive_path
     assert archive_path("s3://b/p/a%20b/c").segments == ("p", "a b", "c")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.archive import ArchiveError, join_uri, open_archive, under_prefix
+from gpulens.capture.archive import ArchiveError, join_uri, open_archive, under_prefix
 
 
 @pytest.mark.parametrize("uri,ok", [

@@ -80,13 +80,13 @@ def test_version():
 @pytest.mark.parametrize("text,ok", [("127.0.0.1:9452", ("127.0.0.1", 9452)), ("[::1]:80", ("::1", 80)),
                                      ("0.0.0.0:0", ("0.0.0.0", 0))])
 def test_host_port_parses(text, ok):
-    from gpulens.argtypes import host_port
+    from gpulens.ground.argtypes import host_port
     assert host_port(text) == ok
 
 
 @pytest.mark.parametrize("text", ["9452", ":9452", "host:", "host:http", "host:70000"])
 def test_host_port_rejects_with_a_clear_message(text):
-    from gpulens.argtypes import host_port
+    from gpulens.ground.argtypes import host_port
     with pytest.raises(ValueError, match="expected HOST:PORT"):
         host_port(text)
     out = run("coordinator", "--listen", text, "--job", "j", "--attempt", "0", "--namespace", "n",

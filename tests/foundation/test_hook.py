@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.models import RegistrationRecord
-from hooks import hook_path, load_hook_module
+from gpulens.capture.models import RegistrationRecord
+from gpulens.hooks import hook_path, load_hook_module
 from tests.conftest import free_port
 
 HOOK = load_hook_module()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hooks import hook_path
+from gpulens.hooks import hook_path
 from tests.tinyfs import tiny_fs
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hooks import hook_path
+from gpulens.hooks import hook_path
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from capture import schemas
-from capture.agent.store import CAPTURE_ID_RE, TARGET_ID_RE
-from capture.operator import labels
-from exporter import kube
+from gpulens.capture import schemas
+from gpulens.capture.agent.store import CAPTURE_ID_RE, TARGET_ID_RE
+from gpulens.capture.wire import labels
+from gpulens.exporter import kube
 
 GOOD_CAPTURE = "c-20261201-abcdef"
 

@@ -1,10 +1,13 @@
-"""docs/ARCHITECTURE.md's layering, enforced: import-linter's contracts (.importlinter: exporter
-and capture independent, hooks stdlib-only, capture.analysis free of aiohttp and kopf), and no
-import circle among first-party modules (TYPE_CHECKING imports included). The circle check is
-shown to catch a planted circle, so it cannot pass by finding nothing."""
+"""docs/ARCHITECTURE.md's layering, enforced: import-linter's contracts (.importlinter: the house's
+layers and the capture plane's, hooks stdlib-only, gpulens.capture.analysis free of aiohttp and kopf),
+and no import circle among first-party modules (TYPE_CHECKING imports included). Both checks are
+shown to catch a planted fault (an import against the layers, a circle), so neither can pass by
+finding nothing."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +15,7 @@ import grimp
 
 from tests.conftest import REPO, VENV_BIN
 
-PACKAGES = ("gpulens", "capture", "exporter", "hooks")
+PACKAGES = ("gpulens",)
 
 
 def circles(graph, modules) -> list[list[str]]:
@@ -47,12 +50,33 @@ def circles(graph, modules) -> list[list[str]]:
     return out
 
 
+def lint_imports(cwd, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "lint-imports"), "--config", str(REPO / ".importlinter"), "--no-cache"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_import_linter_contracts_are_kept():
-    done = subprocess.run([str(VENV_BIN / "lint-imports"), ".importlinter"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = lint_imports(REPO)
     assert done.returncode == 0 and "0 broken" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     contracts = open(REPO / ".importlinter").read().count("[importlinter:contract:")
     assert f"{contracts} kept" in done.stdout  # every contract in the file was checked
+
+
+def test_a_planted_import_against_the_capture_layers_breaks_the_contract(tmp_path):
+    """The wire room (the bottom layer) made to import the coordinator, in a copy of the sources that
+    lint-imports finds first on its path: only `capture-layers` breaks, and it names the import."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "gpulens", src / "gpulens", ignore=shutil.ignore_patterns("__pycache__", "*.json", "*.yml",
+                                                                                    "*.yaml", "*.md", "*.c"))
+    labels = src / "gpulens" / "capture" / "wire" / "labels.py"
+    labels.write_text(labels.read_text() + "\nfrom gpulens.capture.coordinator import events  # planted\n")
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    done = lint_imports(tmp_path, env)
+    out = done.stdout
+    assert done.returncode != 0 and "1 broken" in out, out[-3000:] + done.stderr[-2000:]
+    assert "gpulens.capture.wire.labels -> gpulens.capture.coordinator.events" in out, out[-3000:]
+    broken = [line for line in out.splitlines() if line.endswith("BROKEN")]
+    assert len(broken) == 1 and "capture plane" in out.split("BROKEN")[0].rsplit("KEPT", 1)[-1], out[-3000:]
 
 
 def test_no_import_circles():
@@ -62,8 +86,10 @@ def test_no_import_circles():
 
 
 def test_hooks_import_only_the_standard_library():
-    graph = grimp.build_graph("hooks", include_external_packages=True, cache_dir=None)
-    external = {m for m in graph.modules if not m.startswith("hooks")}
+    graph = grimp.build_graph("gpulens", include_external_packages=True, cache_dir=None)
+    hooks = {m for m in graph.modules if m == "gpulens.hooks" or m.startswith("gpulens.hooks.")}
+    imported = set().union(*(graph.find_modules_directly_imported_by(m) for m in hooks))
+    external = {m for m in imported if not m.startswith("gpulens.hooks")}
     assert external and external <= set(sys.stdlib_module_names), sorted(external - set(sys.stdlib_module_names))
 
 

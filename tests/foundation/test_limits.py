@@ -1,4 +1,4 @@
-"""capture.limits: the depth scan agrees with the parser (brackets inside strings and escapes do not
+"""gpulens.capture.wire.limits: the depth scan agrees with the parser (brackets inside strings and escapes do not
 count), documents over a bound are refused naming it, and files are never read past the bound."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 from hypothesis import given
 
-from capture import limits
+from gpulens.capture.wire import limits
 from tests.fuzzing import FUZZ, json_values, nested
 
 

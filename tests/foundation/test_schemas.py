@@ -6,10 +6,10 @@ import copy
 
 import pytest
 
-from capture import schemas
-from capture.models import (Artifact, CaptureRequest, Dispatch, ExpectedTarget, Failure, Manifest,
+from gpulens.capture import schemas
+from gpulens.capture.models import (Artifact, CaptureRequest, Dispatch, ExpectedTarget, Failure, Manifest,
                             RegistrationRecord, TargetState, TargetStatus, TriggerAttempt, new_capture_id)
-from capture.models.states import MAX_TRIGGER_ATTEMPTS
+from gpulens.capture.models.states import MAX_TRIGGER_ATTEMPTS
 
 RECORD = {
     "schema_version": 1, "job_id": "job-a", "attempt": 0, "namespace": "ml", "pod": "job-a-0", "pod_uid": "u-1",

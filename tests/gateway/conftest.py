@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from capture.client.api import CaptureApi
-from capture.coordinator import Coordinator, make_app as coordinator_app
-from capture.coordinator.auth import Credentials, SecretFile
-from capture.gateway import Gateway, GatewaySettings, Ledger, Router, make_app
+from gpulens.capture.client.api import CaptureApi
+from gpulens.capture.coordinator import Coordinator, make_app as coordinator_app
+from gpulens.capture.wire.auth import Credentials, SecretFile
+from gpulens.capture.gateway import Gateway, GatewaySettings, Ledger, Router, make_app
 from tests.coordinator.agent_double import AgentDouble, RunningAgent
 from tests.coordinator.conftest import AGENT_TOKEN, make_coordinator, write_job
 from tests.coordinator.servers import serving

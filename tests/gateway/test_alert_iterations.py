@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 
-from capture.gateway import GatewaySettings
+from gpulens.capture.gateway import GatewaySettings
 from tests.conftest import free_port
 from tests.coordinator.servers import GpulensProcess
 

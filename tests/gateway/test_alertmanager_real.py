@@ -71,8 +71,8 @@ async def test_a_real_alertmanager_starts_exactly_one_capture_and_a_bad_token_is
             seen.append((response.status, request.headers.get("User-Agent", ""), request.content_length or 0))
         return response
     # the stack's gateway app is already running; observe it from a second app on the same gateway object
-    from capture.coordinator.auth import Credentials, SecretFile
-    from capture.gateway import make_app
+    from gpulens.capture.wire.auth import Credentials, SecretFile
+    from gpulens.capture.gateway import make_app
     from tests.coordinator.servers import serving
     good, bad = tmp_path / "am-good.token", tmp_path / "am-bad.token"
     good.write_text(GATEWAY_TOKEN)

@@ -88,8 +88,8 @@ async def test_a_capture_started_at_the_coordinator_is_found_through_the_routes(
 
 
 def test_the_template_route_names_the_service_as_the_operator_does():
-    from capture.gateway import Router
-    from capture.operator.labels import service_name
+    from gpulens.capture.gateway import Router
+    from gpulens.capture.wire.labels import service_name
     r = Router(template="http://{service}.{namespace}.svc:9452")
     assert r.resolve("ml", "train").url == "http://gpulens-train.ml.svc:9452"
     assert r.resolve("ml", "Train_Job.1").url == f"http://{service_name('Train_Job.1')}.ml.svc:9452"

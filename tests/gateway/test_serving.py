@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from capture.client.api import CaptureApi
-from capture.coordinator import LocalDiscovery, make_app as coordinator_app
-from capture.coordinator.auth import Credentials
-from capture.gateway import Gateway, GatewaySettings, Ledger, Router, make_app
-from capture.gateway.alertmanager import parse_payload
-from capture.gateway.routing import deployment_revision
+from gpulens.capture.client.api import CaptureApi
+from gpulens.capture.coordinator import LocalDiscovery, make_app as coordinator_app
+from gpulens.capture.wire.auth import Credentials
+from gpulens.capture.gateway import Gateway, GatewaySettings, Ledger, Router, make_app
+from gpulens.capture.gateway.alertmanager import parse_payload
+from gpulens.capture.gateway.routing import deployment_revision
 from tests.coordinator.agent_double import AgentDouble, RunningAgent
 from tests.coordinator.conftest import AGENT_TOKEN, make_coordinator
 from tests.coordinator.servers import serving
@@ -149,6 +149,6 @@ def test_a_deployment_pods_revision_is_told_only_from_names_that_say_it(workload
 
 
 def test_the_gateways_serving_kinds_are_the_operators():
-    from capture.gateway.routing import SERVING_KINDS
-    from capture.operator import labels as L
+    from gpulens.capture.gateway.routing import SERVING_KINDS
+    from gpulens.capture.wire import labels as L
     assert SERVING_KINDS == L.SERVING_KINDS

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from capture.coordinator.auth import Credentials, SecretFile
-from capture.gateway import Gateway, GatewaySettings, Ledger, Router, make_app
+from gpulens.capture.wire.auth import Credentials, SecretFile
+from gpulens.capture.gateway import Gateway, GatewaySettings, Ledger, Router, make_app
 from tests.coordinator.servers import serving
 
 from .conftest import BASIC, BEARER, alert, basic_header, gateway_for, payload

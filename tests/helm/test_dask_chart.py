@@ -11,12 +11,12 @@ import yaml
 from helm_python import HelmValuesError
 from kubernetes import client
 
-from capture.analysis.dask_map import RETRIES
-from capture.coordinator.analysis_job import analysis_job
-from capture.coordinator.command import analysis_for
-from capture.operator.config import OperatorConfig
-from capture.operator.jobs import job_of_pod
-from capture.operator.manifests import coordinator_pod, coordinator_resource
+from gpulens.capture.analysis.dask_map import RETRIES
+from gpulens.capture.coordinator.analysis_job import analysis_job
+from gpulens.capture.coordinator.command import analysis_for
+from gpulens.capture.operator.config import OperatorConfig
+from gpulens.capture.operator.jobs import job_of_pod
+from gpulens.capture.operator.manifests import coordinator_pod, coordinator_resource
 from gpulens.cli import build_subparser
 
 from .chart import NAMESPACE, RELEASE, by_kind, one, render, validate
@@ -85,7 +85,7 @@ def test_scheduler_and_workers_run_gpulens_image_and_workers_join_that_service()
     sched = one(objs, "Deployment", "-dask-scheduler")["spec"]["template"]["spec"]["containers"][0]
     worker_dep = one(objs, "Deployment", "-dask-worker")
     worker = worker_dep["spec"]["template"]["spec"]["containers"][0]
-    assert sched["image"] == worker["image"] == image   # workers import capture.analysis: the same code
+    assert sched["image"] == worker["image"] == image   # workers import gpulens.capture.analysis: the same code
     assert sched["command"] == ["dask", "scheduler"] and worker["command"] == ["dask", "worker"]
     assert worker["args"][0] == SCHEDULER
     assert "--nthreads=1" in worker["args"] and "--nworkers=1" in worker["args"]

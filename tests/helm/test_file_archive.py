@@ -13,11 +13,11 @@ import yaml
 from helm_python import HelmValuesError
 from kubernetes import client
 
-from capture.coordinator.analysis_job import analysis_job
-from capture.coordinator.command import analysis_for
-from capture.operator.config import OperatorConfig
-from capture.operator.jobs import job_of_pod
-from capture.operator.manifests import coordinator_pod, coordinator_resource
+from gpulens.capture.coordinator.analysis_job import analysis_job
+from gpulens.capture.coordinator.command import analysis_for
+from gpulens.capture.operator.config import OperatorConfig
+from gpulens.capture.operator.jobs import job_of_pod
+from gpulens.capture.operator.manifests import coordinator_pod, coordinator_resource
 from gpulens.cli import build_subparser
 
 from .chart import one, render, validate

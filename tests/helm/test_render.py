@@ -105,13 +105,13 @@ def test_the_validators_catch_broken_objects(breakage):
 
 def test_pod_monitors_scrape_the_agent_and_every_coordinator_off_by_default():
     """The agent PodMonitor selects the node pods and their agent port; the coordinator one selects
-    the Pods the operator really creates (capture.operator.manifests), in any namespace, on their
+    the Pods the operator really creates (gpulens.capture.operator.manifests), in any namespace, on their
     port; both only with monitoring.podMonitor.enabled. The agent's job label (<ns>/<name>) is what
     GPULensAgentDown selects."""
     import re
 
-    from alertrules import ruleset
-    from capture.operator.manifests import coordinator_pod
+    from gpulens.alertrules import ruleset
+    from gpulens.capture.operator.manifests import coordinator_pod
     from tests.operator.conftest import operator_config
     from tests.operator.test_contracts import _sample_cc
 

@@ -234,8 +234,8 @@ def test_the_serving_workload_entrys_exclusions_hold_in_the_webhook_on_kubernete
 
     import yaml
 
-    from capture.operator.config import OperatorConfig
-    from capture.operator.webhook import SERVING_NEVER, review_response
+    from gpulens.capture.operator.config import OperatorConfig
+    from gpulens.capture.operator.webhook import SERVING_NEVER, review_response
     from tests.operator.test_serving_arming import deployment_pod
     from tests.operator.test_webhook import review
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from capture.operator.config import OperatorConfig
-from capture.operator.kube import KubeApi
-from capture.operator.reconcile import Reconciler
+from gpulens.capture.operator.config import OperatorConfig
+from gpulens.capture.operator.kube import KubeApi
+from gpulens.capture.operator.reconcile import Reconciler
 
 from .apiserver import running_apiserver
 

@@ -10,10 +10,10 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
-from capture.operator import labels as L
-from capture.operator.arming import arm_pod
-from capture.operator.config import ArmingConfig
-from capture.operator.jobs import job_of_pod
+from gpulens.capture.wire import labels as L
+from gpulens.capture.operator.arming import arm_pod
+from gpulens.capture.operator.config import ArmingConfig
+from gpulens.capture.operator.jobs import job_of_pod
 
 CFG = ArmingConfig()
 IMAGE = "registry.example.com/gpulens:0.1.0"
@@ -146,7 +146,7 @@ def test_pods_left_alone(case):
 def test_the_operators_own_coordinator_pod_is_left_alone():
     """It lives in the job's namespace with the job's label; armed, it became a rank of its own job
     (seen in the real cluster: rank 2 `not_registered`, the capture never fully succeeded)."""
-    from capture.operator.manifests import coordinator_pod, coordinator_resource
+    from gpulens.capture.operator.manifests import coordinator_pod, coordinator_resource
 
     from .conftest import operator_config
     config = operator_config()
@@ -237,7 +237,7 @@ def test_patch_applies_to_a_pod_without_labels_or_volumes():
     ({"command": ["python", "train.py"]}, 8, 8),
 ])
 def test_local_world_size_from_the_launch(container, gpus, want):
-    from capture.operator.launcher import local_world_size
+    from gpulens.capture.operator.launcher import local_world_size
     assert local_world_size({"name": "trainer", **container}, gpus) == want
 
 

@@ -11,10 +11,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from capture.operator import labels as L
-from capture.operator.config import ConfigError, OperatorConfig
-from capture.operator.jobs import job_of_pod
-from capture.operator.manifests import (coordinator_args, coordinator_pod, coordinator_resource, coordinator_role_binding,
+from gpulens.capture.wire import labels as L
+from gpulens.capture.operator.config import ConfigError, OperatorConfig
+from gpulens.capture.operator.jobs import job_of_pod
+from gpulens.capture.operator.manifests import (coordinator_args, coordinator_pod, coordinator_resource, coordinator_role_binding,
                                         coordinator_service, coordinator_service_account, copied_secret)
 from gpulens.cli import build_subparser
 
@@ -149,7 +149,7 @@ def test_names_are_valid_and_distinct_for_awkward_job_ids():
 
 @pytest.mark.parametrize("job_id", ["llama", "Llama_V2", "x" * 70, "7b.run"])
 def test_the_gateway_finds_the_service_the_operator_creates(job_id):
-    from capture.gateway.routing import Router
+    from gpulens.capture.gateway.routing import Router
     objs = render()
     args = containers(one(objs, "Deployment", "-gateway"))["gateway"]["args"]
     template = next(a.split("=", 1)[1] for a in args if a.startswith("--coordinator-url-template="))
@@ -157,7 +157,7 @@ def test_the_gateway_finds_the_service_the_operator_creates(job_id):
     cc["spec"]["jobId"] = job_id
     cc["metadata"]["namespace"] = "ml"
     config = operator_config()
-    from capture.operator.manifests import endpoint_of
+    from gpulens.capture.operator.manifests import endpoint_of
     assert Router(template=template).resolve("ml", job_id).url == endpoint_of(cc, config)
     assert coordinator_service(cc, config)["metadata"]["name"] in endpoint_of(cc, config)
 
@@ -176,9 +176,9 @@ def test_the_chart_default_runs_the_analysis_as_a_job_with_its_resources():
 def test_the_analysis_job_the_operator_asks_for_is_valid_owned_and_outside_the_job_service():
     """What `--analysis job` flags the operator passes become, through the coordinator's own parser,
     a Job owned by the CaptureCoordinator, as its ServiceAccount, with its archive Secret."""
-    from capture.coordinator.analysis_job import analysis_job
-    from capture.coordinator.command import analysis_for
-    from capture.operator.manifests import children_of
+    from gpulens.capture.coordinator.analysis_job import analysis_job
+    from gpulens.capture.coordinator.command import analysis_for
+    from gpulens.capture.operator.manifests import children_of
 
     config = operator_config(coordinator={"archive_root": "s3://b/p", "s3_endpoint": "http://minio:9000",
                                           "archive_secret": "s3", "cluster_role": "gl-gpulens-coordinator",
@@ -212,7 +212,7 @@ def test_the_analysis_job_the_operator_asks_for_is_valid_owned_and_outside_the_j
     service = coordinator_service(cc, config)
     assert not set(service["spec"]["selector"].items()) <= set(labels.items())
     # ... and the arming webhook leaves it alone, as it does the coordinator's own Pod
-    from capture.operator.arming import armed_pod
+    from gpulens.capture.operator.arming import armed_pod
     assert armed_pod({"metadata": pod["metadata"], "spec": pod["spec"]}, "ml", config.arming, config.image)[0] is None
 
 

@@ -10,10 +10,10 @@ import jsonpatch
 import kubernetes_validate
 import yaml
 
-from capture.operator import labels as L
-from capture.operator.arming import HOOK_VOLUME, INIT_CONTAINER, arm_pod
-from capture.operator.config import ArmingConfig
-from capture.operator.jobs import job_of_pod
+from gpulens.capture.wire import labels as L
+from gpulens.capture.operator.arming import HOOK_VOLUME, INIT_CONTAINER, arm_pod
+from gpulens.capture.operator.config import ArmingConfig
+from gpulens.capture.operator.jobs import job_of_pod
 
 from ..helm.chart import REPO
 from .test_arming import HOOK_ENV

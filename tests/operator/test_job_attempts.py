@@ -1,5 +1,5 @@
 """A plain batch Job's replacement pod is a new attempt: the webhook counts the Job's failures at
-admission (capture/operator/job_attempts.py), against the test API server with the real client.
+admission (gpulens/capture/operator/job_attempts.py), against the test API server with the real client.
 A failed or slow read never holds a pod up: it is armed as attempt 0 and the webhook says so."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import threading
 import jsonpatch
 import pytest
 
-from capture.operator import labels as L
-from capture.operator.config import ArmingConfig
-from capture.operator.job_attempts import JobAttempts, batch_job_of_pod, failures_of
-from capture.operator.kube import KubeApi, KubeError
-from capture.operator.webhook import attempt_for, review_response
+from gpulens.capture.wire import labels as L
+from gpulens.capture.operator.config import ArmingConfig
+from gpulens.capture.operator.job_attempts import JobAttempts, batch_job_of_pod, failures_of
+from gpulens.capture.operator.kube import KubeApi, KubeError
+from gpulens.capture.operator.webhook import attempt_for, review_response
 
 from .test_arming import IMAGE, job_pod
 from .test_webhook import review

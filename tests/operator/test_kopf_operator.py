@@ -11,9 +11,9 @@ import time
 import kopf
 import pytest
 
-from capture.operator.handlers import build_registry
-from capture.operator.kube import KubeApi
-from capture.operator.reconcile import Reconciler
+from gpulens.capture.operator.handlers import build_registry
+from gpulens.capture.operator.kube import KubeApi
+from gpulens.capture.operator.reconcile import Reconciler
 
 from .rbac import allowed, attributes
 

@@ -7,7 +7,7 @@ import json
 
 from kubernetes.client.rest import ApiException
 
-from capture.operator.kube import KubeError
+from gpulens.capture.operator.kube import KubeError
 
 
 def _exc(status: int, reason: str, body) -> ApiException:

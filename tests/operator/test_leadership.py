@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from capture.operator.leadership import LeaseElector, _fmt, decide
+from gpulens.capture.operator.leadership import LeaseElector, _fmt, decide
 
 NS, LEASE = "gpulens-system", "gl-gpulens-operator"
 

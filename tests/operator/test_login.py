@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.operator.login import in_cluster_server, login_in_cluster
+from gpulens.capture.operator.login import in_cluster_server, login_in_cluster
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import yaml
 
-from capture.operator.config import OperatorConfig
-from capture.operator.job_attempts import JobAttempts
-from capture.operator.kube import KubeApi
-from capture.operator.leadership import LeaseElector
-from capture.operator.reconcile import Reconciler
+from gpulens.capture.operator.config import OperatorConfig
+from gpulens.capture.operator.job_attempts import JobAttempts
+from gpulens.capture.operator.kube import KubeApi
+from gpulens.capture.operator.leadership import LeaseElector
+from gpulens.capture.operator.reconcile import Reconciler
 
 from ..helm.chart import NAMESPACE, one, render
 from .rbac import allowed, attributes

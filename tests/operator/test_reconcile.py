@@ -8,9 +8,9 @@ import base64
 
 import pytest
 
-from capture.operator import labels as L
-from capture.operator.kube import KubeApi, KubeError
-from capture.operator.reconcile import Reconciler
+from gpulens.capture.wire import labels as L
+from gpulens.capture.operator.kube import KubeApi, KubeError
+from gpulens.capture.operator.reconcile import Reconciler
 
 from .conftest import OPERATOR_NS, operator_config
 
@@ -298,7 +298,7 @@ async def coordinator_double(port):
 async def test_last_captures_come_from_the_coordinator_api(cluster, config, coordinator_double, token, reachable):
     import asyncio
 
-    from capture.operator.captures_probe import http_captures
+    from gpulens.capture.operator.captures_probe import http_captures
 
     cluster.tokens()
     target = coordinator_double if reachable else "http://127.0.0.1:9"
@@ -367,7 +367,7 @@ def _serving_pod(cluster, name: str, revision: str, phase: str = "Running") -> d
 
 
 def test_a_serving_revision_gets_one_coordinator_and_a_rolling_update_replaces_it(cluster, reconciler, config):
-    from capture.operator.manifests import coordinator_args
+    from gpulens.capture.operator.manifests import coordinator_args
     for i in range(2):
         _serving_pod(cluster, f"web-aaaa1-{i}", "aaaa1")
     reconciler.resync()
@@ -393,7 +393,7 @@ def test_a_serving_revision_gets_one_coordinator_and_a_rolling_update_replaces_i
 
 
 def test_a_training_coordinator_is_never_started_as_serving(cluster, reconciler, config):
-    from capture.operator.manifests import coordinator_args
+    from gpulens.capture.operator.manifests import coordinator_args
     job = cluster.job("ml", "llama")
     cluster.pod("ml", "llama-0", job=job)
     reconciler.resync()

@@ -12,10 +12,10 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
-from capture.operator import labels as L
-from capture.operator.arming import arm_pod
-from capture.operator.config import ArmingConfig
-from capture.operator.jobs import job_of_pod, serving_of_pod
+from gpulens.capture.wire import labels as L
+from gpulens.capture.operator.arming import arm_pod
+from gpulens.capture.operator.config import ArmingConfig
+from gpulens.capture.operator.jobs import job_of_pod, serving_of_pod
 
 from .test_arming import IMAGE
 from .test_webhook import review, webhook  # noqa: F401 - the fixture

@@ -12,9 +12,9 @@ import jsonpatch
 import pytest
 from aiohttp import web
 
-from capture.operator import labels as L
-from capture.operator.config import ArmingConfig
-from capture.operator.webhook import MAX_BODY, make_app, tls_context
+from gpulens.capture.wire import labels as L
+from gpulens.capture.operator.config import ArmingConfig
+from gpulens.capture.operator.webhook import MAX_BODY, make_app, tls_context
 
 from .test_arming import IMAGE, job_pod
 from .tls import make_certs
@@ -135,7 +135,7 @@ async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path, port)
     """cert-manager rewrites the Secret volume; new handshakes must present the new certificate."""
     import asyncio
 
-    from capture.operator.webhook import reload_certificates
+    from gpulens.capture.operator.webhook import reload_certificates
 
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()

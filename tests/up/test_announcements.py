@@ -15,9 +15,9 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from capture.gateway import Gateway, GatewaySettings, Ledger, Router
-from capture.gateway.alertmanager import parse_payload
-from gpulens.logs import setup_logging
+from gpulens.capture.gateway import Gateway, GatewaySettings, Ledger, Router
+from gpulens.capture.gateway.alertmanager import parse_payload
+from gpulens.ground.logs import setup_logging
 from gpulens.up.layout import Layout, Ports
 from gpulens.up.page import RUNBOOKS_DIR, Page
 from gpulens.up.status import LogTail, StatusReporter, gateway_line, parse_logfmt
@@ -35,7 +35,7 @@ def runner_for(tmp_path: Path, port_base: int = 0):
 
 class _Coordinator:
     """Stands for a coordinator's POST /v1/captures: accepts (202, created) the first request per id,
-    answers 200 created=false for a repeat, as the real one does (capture/coordinator/server.py)."""
+    answers 200 created=false for a repeat, as the real one does (gpulens/capture/coordinator/server.py)."""
 
     def __init__(self):
         self.ids: list[str] = []
@@ -141,7 +141,7 @@ async def test_every_runbook_an_alert_links_to_is_served_by_the_captures_page(tm
     """The rules `up` generates (same flags as runner.py) name runbooks on the page; each opens."""
     out = tmp_path / "rules"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "alertrules.generate", "--time-scale", "0.0333", "--rules-out", str(out),
+        sys.executable, "-m", "gpulens.alertrules.generate", "--time-scale", "0.0333", "--rules-out", str(out),
         "--manifest-out", str(tmp_path / "rule.yaml"), "--runbook-base-url", "http://page/runbooks",
         "--grafana-url", "", cwd=Path(__file__).resolve().parents[2], stdout=asyncio.subprocess.DEVNULL)
     assert await proc.wait() == 0

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from exporter.stub import build_stub
+from gpulens.exporter.stub import build_stub
 from gpulens.up.demo_server import MAX_BODY, MAX_ROWS, BadRequest, parse_inputs, request_body
 from tests.conftest import REPO, missing
 
