@@ -27,15 +27,15 @@ def _accepts_gzip(header: str) -> bool:
 def make_app(exporter) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         gz = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
-        body = await asyncio.to_thread(gpulens.exporter.exposition.body, request.headers.get("Accept", ""), gz)
+        body = await asyncio.to_thread(exporter.exposition.body, request.headers.get("Accept", ""), gz)
         headers = {"Content-Type": body.content_type, "Vary": "Accept, Accept-Encoding"}
         if body.gzipped:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body.data, headers=headers)
 
     async def healthz(request: web.Request) -> web.Response:
-        sources = {h.name: {"state": h.view()[0], "reason": h.view()[1]} for h in gpulens.exporter.health.values()}
-        return web.Response(text=json.dumps({"status": "ok", "node": gpulens.exporter.config.node, "sources": sources}),
+        sources = {h.name: {"state": h.view()[0], "reason": h.view()[1]} for h in exporter.health.values()}
+        return web.Response(text=json.dumps({"status": "ok", "node": exporter.config.node, "sources": sources}),
                             content_type="application/json")
 
     app = web.Application()
