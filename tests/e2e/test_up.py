@@ -115,16 +115,18 @@ def interrupt(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_up(tmp_path: Path, env: dict, incident: str, *extra: str):
+def running_up(tmp_path: Path, env: dict, incident: str, *extra: str, gpulens: list[str] | None = None,
+               cwd: Path | None = None):
     """`gpulens up --demo --incident <incident> [extra]` running; on exit: Ctrl-C, then a clean shutdown is checked.
 
     Yields (workdir, captures page URL, up's output file, process, ports). The incident is induced once the
-    workload has its baseline (up waits for the recorded series), so no fixed delay here decides it."""
+    workload has its baseline (up waits for the recorded series), so no fixed delay here decides it.
+    `gpulens` is the command to run (default: this interpreter's `-m gpulens.cli`), `cwd` its folder."""
     workdir, log_path, base = tmp_path / "up", tmp_path / "up.out", free_port_base()
-    cmd = [sys.executable, "-m", "gpulens.cli", "up", "--demo", *extra, "--incident", incident, "--incident-after", "80",
-           "--workdir", str(workdir), "--port-base", str(base), "--status-interval", "2"]
+    cmd = [*(gpulens or [sys.executable, "-m", "gpulens.cli"]), "up", "--demo", *extra, "--incident", incident,
+           "--incident-after", "80", "--workdir", str(workdir), "--port-base", str(base), "--status-interval", "2"]
     with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
     try:
         yield workdir, f"http://127.0.0.1:{Ports(base).ui}", log_path, proc, Ports(base)
     finally:

@@ -1,0 +1,121 @@
+"""gpulens as a user installs it: a wheel, in a fresh venv, run from outside the checkout (issue 32).
+
+The wheel is built from a copy of the working tree (git's tracked and unignored files, so nothing the
+checkout happens to hold by hand gets in), installed with pip into a new venv, and imported with no
+PYTHONPATH and a working directory that is not the checkout: whatever `gpulens up`, the exporter's stub
+and the analysis need at run time must come from the installed package. The new venv reaches the
+third-party dependencies through one .pth line to this project's venv (no network here); that line adds
+a folder to sys.path and processes none of its .pth files, so the checkout's editable install of gpulens
+is not on the path.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_up import alert_capture, running_up, summary_of, up_env  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: run-time files the package must carry, as globs under gpulens/ in the wheel: each at least once
+PACKAGE_DATA = (
+    "alertrules/rules/*.rules.yml", "alertrules/runbooks/*.md", "alertrules/kubernetes/*.yaml",
+    "exporter/metrics.yaml", "exporter/bpf/*.c", "exporter/stub/*.c",
+    "capture/schemas/*.schema.json", "capture/operator/config.schema.json",
+    "dashboards/json/*.json", "hooks/site/sitecustomize.py",
+)
+
+
+class Installed:
+    """A wheel of this tree and a venv (outside the checkout) it is installed into."""
+
+    def __init__(self, wheel: Path, venv: Path, outside: Path):
+        self.wheel, self.venv, self.outside = wheel, venv, outside
+
+    def env(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env["PATH"] = f"{self.venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+        return dict(env, PYTHONUNBUFFERED="1")
+
+    def python(self, code: str) -> str:
+        r = subprocess.run([str(self.venv / "bin" / "python"), "-c", code], cwd=self.outside, env=self.env(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-4000:]
+        return r.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    base = tmp_path_factory.mktemp("wheel")
+    src, dist, venv, outside = base / "src", base / "dist", base / "venv", base / "elsewhere"
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                        "-w", str(dist), str(src)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    [wheel] = dist.glob("gpulens-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "_gpulens_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
+                        "--no-index", str(wheel)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    outside.mkdir()
+    return Installed(wheel, venv, outside)
+
+
+def test_the_wheel_installs_one_namespace_with_its_run_time_data(installed):
+    names = zipfile.ZipFile(installed.wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"gpulens"}, top
+    lacking = [g for g in PACKAGE_DATA if not fnmatch.filter(names, f"gpulens/{g}")]
+    assert not lacking, lacking
+    # no test code, no repository-only folders
+    assert not [n for n in names if n.startswith(("tests/", "helm/", "bench/", "docs/"))]
+    # imported from the venv, not from the checkout, and finds its data there
+    out = installed.python(
+        "import gpulens, gpulens.capture, gpulens.hooks, gpulens.alertrules as a\n"
+        "from gpulens.hooks import hook_path\n"
+        "print(gpulens.__file__); print(a.RUNBOOKS_DIR); print(hook_path())\n").split("\n")
+    site = str(installed.venv)
+    assert all(line.startswith(site) for line in out[:3]), out
+    assert not any(str(REPO) + "/gpulens" in line for line in out), out
+    for name in ("host_sync.md",):
+        assert (Path(out[1]) / name).is_file()
+    assert (Path(out[2]) / "sitecustomize.py").is_file()
+    # the generic names the checkout used to install are not importable from this venv
+    for gone in ("capture", "exporter", "hooks", "alertrules", "dashboards"):
+        r = subprocess.run([str(installed.venv / "bin" / "python"), "-c", f"import {gone}"], cwd=installed.outside,
+                           env=installed.env(), capture_output=True, text=True)
+        assert r.returncode != 0 and "No module named" in r.stderr, (gone, r.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_up_from_the_installed_wheel_reaches_an_analysed_report(installed, up_env, tmp_path):  # noqa: F811
+    """The wheel's `gpulens` console script, started outside the checkout, runs the whole demo: the rules
+    are generated from the package's rule files, the runbooks served from the package, the capture
+    archived and analysed."""
+    env = {**installed.env(), **{k: v for k, v in up_env.items() if k not in ("PYTHONPATH", "PATH", "VIRTUAL_ENV")}}
+    gpulens = [str(installed.venv / "bin" / "gpulens")]
+    with running_up(tmp_path, env, "host_sync", gpulens=gpulens, cwd=installed.outside) as (workdir, ui, log, proc, _):
+        capture = alert_capture(ui, proc, log)
+        v = summary_of(workdir, capture)["verdict"]
+        assert v["diagnosis"] == "host_sync" and v["verdict"] == "supported", v["why"]
+        with urllib.request.urlopen(f"{ui}/runbooks/host_sync.md", timeout=10) as r:
+            assert r.status == 200 and b"host" in r.read().lower()
