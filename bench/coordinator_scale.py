@@ -101,7 +101,7 @@ async def _coordinator(cfg: dict) -> None:
     import aiohttp
     from aiohttp import web
 
-    from gpulens.capture.coordinator import (AgentClient, Coordinator, CoordinatorSettings, DeadlinePolicy, FanoutSettings,
+    from gpulens.capture.coordinator import (AgentFleet, Coordinator, CoordinatorSettings, DeadlinePolicy, FanoutSettings,
                                      LocalDiscovery, make_app)
     from gpulens.capture.wire.auth import Credentials, SecretFile
 
@@ -122,7 +122,7 @@ async def _coordinator(cfg: dict) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=16)) as session:
         c = Coordinator(settings, LocalDiscovery(Path(cfg["registry"]), job_id="train", attempt=0, namespace="ml",
                                                  agents=Table()),
-                        AgentClient(session, SecretFile(token)))
+                        AgentFleet(session, SecretFile(token)))
         runner = web.AppRunner(make_app(c, Credentials(tokens=(SecretFile(token),))), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", cfg["port"]).start()

@@ -22,7 +22,7 @@ import pytest
 
 from gpulens.capture.agent.runtime import start_agent
 from gpulens.capture.coordinator import AgentUrls, Coordinator, CoordinatorSettings, LocalDiscovery, Phase
-from gpulens.capture.coordinator.agents import AgentClient
+from gpulens.capture.coordinator.agents import AgentFleet
 from gpulens.capture.wire.auth import SecretFile
 from gpulens.capture.models import CaptureRequest, Manifest
 from gpulens.capture.models.budget import MIB
@@ -63,7 +63,7 @@ async def test_a_few_mib_budget_chooses_fewer_iterations_and_the_trace_stays_ins
                                            archive_root=f"file://{site.base}/archive")
             discovery = LocalDiscovery(site.base / "reg", job_id=JOB, attempt=0, namespace="local",
                                        agents=AgentUrls(url=running.url))
-            c = Coordinator(settings, discovery, AgentClient(http, SecretFile(token), timeout_s=5.0))
+            c = Coordinator(settings, discovery, AgentFleet(http, SecretFile(token), timeout_s=5.0))
             try:
                 # 1. generous (the default budget): the request goes out as asked
                 asked = CaptureRequest(job_id=JOB, duration_ms=60_000, iterations=4, iteration_roundup=5,

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gpulens.capture.dynolog import ConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
+from gpulens.capture.dynolog import KinetoConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
 from gpulens.capture.models import CaptureOptions
 
 
@@ -45,7 +45,7 @@ def test_log_file_is_unique_per_capture_and_target():
     assert kineto_trace_path(a, 37) == "/t/c-20260101t000000-aaaa/rank-0_37.json"
     assert kineto_trace_path("/t/x.pt.trace.json", 5) == "/t/x_5.pt.trace.json"
     for bad in ("", "..", "a/b", "x.json"):
-        with pytest.raises(ConfigError):
+        with pytest.raises(KinetoConfigError):
             log_file_for("/t", "c-1", bad)
 
 
@@ -53,14 +53,14 @@ def test_log_file_is_unique_per_capture_and_target():
                                   "/traces/a.json\nACTIVITY_TYPES=kernel", " /traces/a.json", "traces/a.json",
                                   "/traces/no-json-suffix"])
 def test_log_file_values_kineto_cannot_carry_are_refused(path):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(KinetoConfigError) as err:
         build_config(TraceConfig(path, 500))
     assert err.value.field == "log_file"
 
 
 @pytest.mark.parametrize("activities", [("cpu_op", "cuda_sync"), ("CPU_OP_TYPO",), ("hardware_counters",), ()])
 def test_unknown_or_missing_activity_names_are_refused(activities):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(KinetoConfigError) as err:
         build_config(TraceConfig("/t/a.json", 500, activities))
     assert err.value.field == "activities"
 
@@ -72,14 +72,14 @@ def test_newer_names_only_when_the_kineto_version_is_known():
 
 @pytest.mark.parametrize("duration", [0, -5, 600_001, 1.5, True])
 def test_bad_durations_are_refused(duration):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(KinetoConfigError) as err:
         build_config(TraceConfig("/t/a.json", duration))
     assert err.value.field == "duration_ms"
 
 
 def test_explicit_start_time_must_leave_room_for_poll_and_warmup():
     now = time.time()
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(KinetoConfigError) as err:
         build_config(TraceConfig("/t/a.json", 500, start_time_ms=int((now + 10) * 1000)), now=now)
     assert err.value.field == "start_time_ms"
     ok = build_config(TraceConfig("/t/a.json", 500, start_time_ms=int((now + 20) * 1000)), now=now)
@@ -88,5 +88,5 @@ def test_explicit_start_time_must_leave_room_for_poll_and_warmup():
 
 def test_trace_id_must_be_decimal():
     assert parse(build_config(TraceConfig("/t/a.json", 500, trace_id="123")))["REQUEST_TRACE_ID"] == "123"
-    with pytest.raises(ConfigError):
+    with pytest.raises(KinetoConfigError):
         build_config(TraceConfig("/t/a.json", 500, trace_id="12=3"))

@@ -10,7 +10,7 @@ import pytest
 
 from gpulens.capture import schemas
 from gpulens.capture.agent.verification import Expectation, verify_trace
-from gpulens.capture.dynolog import ConfigError, TraceConfig, build_config
+from gpulens.capture.dynolog import KinetoConfigError, TraceConfig, build_config
 from gpulens.capture.models import CaptureRequest, Dispatch
 
 LOG = "/var/tmp/gl/c-1/rank-0.json"
@@ -37,7 +37,7 @@ def test_iteration_config_starts_at_the_roundup_with_a_short_fallback_window():
     ({"iterations": 5, "start_time_ms": int(time.time() * 1000) + 60_000}, "start_time_ms"),
 ])
 def test_bad_iteration_values_are_refused(over, field):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(KinetoConfigError) as err:
         build_config(TraceConfig(LOG, 2000, **over))
     assert err.value.field == field
 

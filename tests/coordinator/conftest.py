@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpulens.capture.coordinator import (AgentClient, AgentUrls, Coordinator, CoordinatorSettings, DeadlinePolicy,
+from gpulens.capture.coordinator import (AgentFleet, AgentUrls, Coordinator, CoordinatorSettings, DeadlinePolicy,
                                  FanoutSettings, LocalDiscovery)
 from gpulens.capture.wire.auth import SecretFile
 
@@ -85,7 +85,7 @@ def make_coordinator(tmp_path: Path, session: aiohttp.ClientSession, agents: Age
                                    fanout=kw.pop("fanout", FAST_FANOUT), state_dir=kw.pop("state_dir", None))
     discovery = discovery or LocalDiscovery(registry or tmp_path / "registry", job_id=job, attempt=attempt,
                                             namespace=namespace, agents=agents)
-    return Coordinator(settings, discovery, AgentClient(session, SecretFile(token), timeout_s=1.0),
+    return Coordinator(settings, discovery, AgentFleet(session, SecretFile(token), timeout_s=1.0),
                        annotation_backoff_s=(0.05, 0.2), **kw)
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from kubernetes import client
 
-from gpulens.capture.coordinator import AgentClient, AgentUrls, DiscoveryError, Phase
+from gpulens.capture.coordinator import AgentFleet, AgentUrls, DiscoveryError, Phase
 from gpulens.capture.wire.auth import SecretFile
 from gpulens.capture.coordinator.kube_discovery import KubernetesDiscovery
 from gpulens.capture.models import CaptureRequest, Manifest
@@ -76,7 +76,7 @@ async def test_nproc_per_node_4_is_four_targets_and_a_missing_worker_is_not_regi
         double.workers = workers_of(pod, [0, 1, 3], lws=4, ws=4)          # local rank 2 never registered
         d = KubernetesDiscovery(apiserver.api_client(), namespace=NS, selector=SELECTOR, job_id="train", attempt=0,
                                 agents=PortTable({"node-a": agent.url}),
-                                agent_client=AgentClient(http, SecretFile.required(agent_token_file)))
+                                agent_client=AgentFleet(http, SecretFile.required(agent_token_file)))
         snap = await d.snapshot()
     assert [(t.target_id, t.local_rank, t.pod, t.registered) for t in snap.targets] == [
         ("rank-0", 0, "train-0", True), ("rank-1", 1, "train-0", True),
@@ -96,7 +96,7 @@ async def test_base_ranks_come_from_workers_else_the_completion_index(apiserver,
         double.workers = workers_of(p0, [0, 1], lws=2, ws=6)
         d = KubernetesDiscovery(apiserver.api_client(), namespace=NS, selector=SELECTOR, job_id="train", attempt=0,
                                 agents=PortTable({"node-a": agent.url, "node-b": "http://127.0.0.1:9"}),
-                                agent_client=AgentClient(http, SecretFile.required(agent_token_file), timeout_s=1),
+                                agent_client=AgentFleet(http, SecretFile.required(agent_token_file), timeout_s=1),
                                 workers_timeout_s=2)
         snap = await d.snapshot()
     by_rank = {t.rank: t for t in snap.targets}
@@ -116,7 +116,7 @@ async def test_finished_and_foreign_pods_are_not_targets(apiserver, http, agent_
         double.workers = workers_of(p, [0], lws=1, ws=1)
         d = KubernetesDiscovery(apiserver.api_client(), namespace=NS, selector=SELECTOR, job_id="train", attempt=0,
                                 agents=PortTable({"node-a": agent.url}),
-                                agent_client=AgentClient(http, SecretFile.required(agent_token_file)))
+                                agent_client=AgentFleet(http, SecretFile.required(agent_token_file)))
         snap = await d.snapshot()
     assert [t.pod for t in snap.targets] == ["train-0"]
 
@@ -138,7 +138,7 @@ async def test_a_pod_created_after_prepare_belongs_to_the_next_capture(apiserver
         double.workers = workers_of(p0, [0, 1], lws=2, ws=2)
         d = KubernetesDiscovery(apiserver.api_client(), namespace=NS, selector=SELECTOR, job_id="train", attempt=0,
                                 agents=PortTable({"node-a": agent.url}),
-                                agent_client=AgentClient(http, SecretFile.required(agent_token_file)))
+                                agent_client=AgentFleet(http, SecretFile.required(agent_token_file)))
         c = make_coordinator(tmp_path, http, {}, discovery=d)
         first, _ = c.start(CaptureRequest(job_id="train", duration_ms=200))
         while first.phase == Phase.PREPARING:

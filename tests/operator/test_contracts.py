@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpulens.capture.wire import labels as L
-from gpulens.capture.operator.config import ConfigError, OperatorConfig
+from gpulens.capture.operator.config import OperatorConfigError, OperatorConfig
 from gpulens.capture.operator.jobs import job_of_pod
 from gpulens.capture.operator.manifests import (coordinator_args, coordinator_pod, coordinator_resource, coordinator_role_binding,
                                         coordinator_service, coordinator_service_account, copied_secret)
@@ -133,7 +133,7 @@ def test_the_chart_operator_config_loads(set_name):
 def test_a_bad_operator_config_names_the_field(change, where):
     data = {"namespace": "ns", "image": "i", "tokens_secret": "t", "coordinator": {"archive_root": "s3://b/p"}}
     data.update(change)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(OperatorConfigError) as err:
         OperatorConfig.from_dict(data)
     assert where in str(err.value)
 

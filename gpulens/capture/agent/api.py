@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import json
 from typing import Awaitable, Callable
 
@@ -22,6 +21,7 @@ from gpulens.ground.logs import get_logger
 
 from .. import schemas
 from ..wire import limits, web_json
+from ..wire.auth import Credentials, FixedSecret, auth_middleware
 from ..wire.metrics_http import metrics_route
 from .metrics import AgentMetrics
 from .service import Agent, DispatchRefused
@@ -45,23 +45,6 @@ def _error(status: int, message: str, field: str | None = None) -> web.Response:
     if field is not None:
         body["field"] = field
     return web.json_response(body, status=status)
-
-
-def _auth_middleware(token: str):
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
-            return await handler(request)
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            _log.warning("api.unauthorized", path=request.path, peer=request.remote)
-            return web.json_response({"error": "missing or wrong bearer token"}, status=401,
-                                     headers={"WWW-Authenticate": 'Bearer realm="gpulens-agent"'})
-        return await handler(request)
-
-    return auth
 
 
 @web.middleware
@@ -128,7 +111,9 @@ def make_app(agent: Agent, token: str, *, max_body_bytes: int = MAX_BODY_BYTES,
              metrics: AgentMetrics | None = None) -> web.Application:
     if not token:
         raise ValueError("the agent API needs a non-empty token")
-    app = web.Application(middlewares=[_errors_middleware, _auth_middleware(token)], client_max_size=max_body_bytes)
+    auth = auth_middleware(Credentials(tokens=(FixedSecret(token),)), OPEN_PATHS, realm="gpulens-agent",
+                           on_refused=lambda r: _log.warning("api.unauthorized", path=r.path, peer=r.remote))
+    app = web.Application(middlewares=[_errors_middleware, auth], client_max_size=max_body_bytes)
     app[AGENT_KEY] = agent
     app[LIMIT_KEY] = dataclasses.replace(limits.AGENT_BODY, max_bytes=max_body_bytes)
     app.router.add_put("/v1/captures/{capture_id}/targets/{target_id}", put_target)

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 from gpulens.ground.logs import get_logger
 
 from ..archive import ArchiveError, ArchiveStore, RetryPolicy, put_file_retrying
-from ..dynolog import (ConfigError, OnDemandResult, PidOutcome, TraceConfig, TriggerFailed, build_config,
+from ..dynolog import (KinetoConfigError, OnDemandResult, PidOutcome, TraceConfig, TriggerFailed, build_config,
                        kineto_trace_path, log_file_for)
 from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .metrics import AgentMetrics
@@ -226,7 +226,7 @@ class Pipeline:
                                               iteration_roundup=spec.iteration_roundup or 1,
                                               start_iteration=spec.start_iteration,
                                               max_gpu_buffer_mb=spec.budget.gpu_buffer_mb if spec.budget else None))
-        except ConfigError as exc:
+        except KinetoConfigError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"config refused: {exc}")
         rec.watch_path = str(watch_dir / os.path.basename(kineto_trace_path(rec.log_file, worker.record.pid)))
         rec.backend = self.trigger.name

@@ -17,7 +17,7 @@ from typing import Any
 from gpulens.ground.logs import get_logger
 
 from ..archive import under_prefix
-from ..dynolog import ConfigError, Delivery, KinetoOutcome, TraceConfig, build_config, log_file_for
+from ..dynolog import KinetoConfigError, Delivery, KinetoOutcome, TraceConfig, build_config, log_file_for
 from ..models import Dispatch, StepReading, TargetState, TargetStatus
 from .pipeline import Pipeline
 from .registry import Worker, WorkerRegistry
@@ -122,7 +122,7 @@ class Agent:
         try:  # refuse now what Kineto would silently drop later
             build_config(TraceConfig(log_file_for("/x", capture_id, target_id), spec.duration_ms, spec.activities,
                                      spec.options))
-        except ConfigError as exc:
+        except KinetoConfigError as exc:
             raise DispatchRefused(exc.field, str(exc)) from exc
         rec = TargetRecord(capture_id, target_id, dict(body), TargetStatus(target_id))
         self.store.put(rec)  # StoreWriteFailed: not accepted (the API answers 503), nothing kept

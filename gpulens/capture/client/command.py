@@ -189,7 +189,7 @@ async def _main(args: argparse.Namespace) -> int:
 async def _start(args: argparse.Namespace, api, ctx) -> int:
     from dataclasses import replace
 
-    from gpulens.capture.models import new_capture_id
+    from gpulens.capture.models import CaptureOptions, CaptureReason, CaptureRequest, new_capture_id
 
     from .api import ApiError
     from .errors import EXIT_USAGE, Problem, explain
@@ -202,27 +202,18 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
     capture_id = args.capture_id or new_capture_id()   # picked before sending: a retry can repeat it
     ctx = replace(ctx, capture_id=capture_id)
     duration_ms = args.duration_ms or (30_000 if args.iterations else 2000)
-    request = {"duration_ms": duration_ms, "requested_by": os.environ.get("USER") or "cli",
-               "capture_id": capture_id}
-    if args.iterations is not None:
-        request["iterations"] = args.iterations
-    if args.iteration_roundup is not None:
-        request["iteration_roundup"] = args.iteration_roundup
-    if args.baseline:
-        request["baseline"] = True
-    if args.budget_mb is not None:
-        request["budget_mb"] = args.budget_mb
-    if args.job:
-        request["job_id"] = args.job
-    if args.attempt is not None:
-        request["attempt"] = args.attempt
-    if args.activities:
-        request["activities"] = [a.strip() for a in args.activities.split(",") if a.strip()]
-    options = {k: True for k in ("with_stack", "record_shapes") if getattr(args, k)}
-    if options:
-        request["options"] = options
-    if args.reason:
-        request["reason"] = {"kind": "manual", "text": args.reason}
+    options = CaptureOptions(**{k: True for k in ("with_stack", "record_shapes") if getattr(args, k)})
+    activities = tuple(a.strip() for a in args.activities.split(",") if a.strip()) if args.activities else None
+    # the models' own request type writes the wire form (schemas/capture_request.schema.json); with --pod
+    # and no --job the gateway resolves the job, so job_id is left out rather than sent empty
+    request = CaptureRequest(
+        job_id=args.job or "", duration_ms=duration_ms, attempt=args.attempt, options=options,
+        reason=CaptureReason(kind="manual", text=args.reason) if args.reason else CaptureReason(),
+        requested_by=os.environ.get("USER") or "cli", capture_id=capture_id, iterations=args.iterations,
+        iteration_roundup=args.iteration_roundup, baseline=bool(args.baseline), budget_mb=args.budget_mb,
+        **({"activities": activities} if activities else {})).to_dict()
+    if not args.job:
+        del request["job_id"]
     try:
         _, answer = await api.start(request, namespace=args.namespace, pod=args.pod)
     except ApiError as exc:

@@ -1,6 +1,6 @@
 """The coordinator's view of node agents, over the agent's own client (`gpulens.capture.agent.client`).
 
-One `AgentClient` per call (cheap: they share this session), so a rotated token file is used at
+One agent client per call (cheap: they share this session), so a rotated token file is used at
 once. Errors are split the way the coordinator acts on them: `AgentUnavailable` (network,
 timeout, 5xx, an answer that breaks the contract) is worth retrying; `AgentRefused` (4xx) is not.
 """
@@ -17,29 +17,34 @@ from gpulens.capture.models import Dispatch, TargetStatus
 
 from ..wire.auth import SecretFile
 
-__all__ = ["AgentClient", "AgentError", "AgentUnavailable", "AgentRefused"]
+__all__ = ["AgentFleet", "AgentFailure", "AgentUnavailable", "AgentRefused"]
 
 
-class AgentError(Exception):
+class AgentFailure(Exception):
+    """A call to one agent failed, as the coordinator acts on it (the agent's own client raises
+    `gpulens.capture.agent.client.AgentError`, translated here)."""
+
     def __init__(self, url: str, message: str, status: int | None = None):
         super().__init__(message if url in message else f"{url}: {message}")
         self.url, self.status = url, status
 
 
-class AgentUnavailable(AgentError):
+class AgentUnavailable(AgentFailure):
     """The agent did not answer usefully; trying again may help."""
 
 
-class AgentRefused(AgentError):
+class AgentRefused(AgentFailure):
     """The agent answered 4xx: the request itself is wrong, a retry would be refused again."""
 
 
-def _translate(url: str, exc: _NodeAgentError) -> AgentError:
+def _translate(url: str, exc: _NodeAgentError) -> AgentFailure:
     cls = AgentRefused if exc.kind in ("unauthorized", "bad_request", "not_found") else AgentUnavailable
     return cls(url, str(exc), exc.status)
 
 
-class AgentClient:
+class AgentFleet:
+    """Every agent of a job through one session: the agent's base URL per call, the token read per call."""
+
     def __init__(self, session: aiohttp.ClientSession, token: SecretFile | None, *, timeout_s: float = 5.0):
         self._session, self._token, self._timeout_s = session, token, timeout_s
 

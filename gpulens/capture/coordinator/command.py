@@ -117,7 +117,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
     from gpulens.capture.annotations import FileSink, GrafanaSink
 
-    from .agents import AgentClient
+    from .agents import AgentFleet
     from ..wire.auth import Credentials, SecretFile
     from .deadlines import DeadlinePolicy
     from .discovery import AgentUrls, LocalDiscovery
@@ -133,7 +133,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         args.analysis == "job" else None
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=16)  # no global cap: one slow agent must not starve the rest
     async with aiohttp.ClientSession(connector=connector) as session:
-        client = AgentClient(session, agent_token)
+        client = AgentFleet(session, agent_token)
         if args.discovery == "local":
             discovery = LocalDiscovery(args.registry_dir, job_id=args.job, attempt=args.attempt,
                                        namespace=args.namespace, agents=agents, serving=args.serving)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gpulens.capture.models import Dispatch, FailureReason, TargetState, TargetStatus
 from gpulens.ground.logs import get_logger
 
-from .agents import AgentClient, AgentRefused, AgentUnavailable
+from .agents import AgentFleet, AgentRefused, AgentUnavailable
 from .deadlines import DelayTracker
 from .progress import CaptureRecord, TargetProgress
 
@@ -77,7 +77,7 @@ def overdue_failure(p: TargetProgress, agent_answering: bool, last_error: str | 
 class AgentWorker:
     """Everything the coordinator does with one agent for one capture."""
 
-    def __init__(self, record: CaptureRecord, agent_url: str, targets: list[TargetProgress], client: AgentClient,
+    def __init__(self, record: CaptureRecord, agent_url: str, targets: list[TargetProgress], client: AgentFleet,
                  settings: FanoutSettings, delays: DelayTracker | None = None):
         self.record, self.url, self.targets = record, agent_url, {p.target.target_id: p for p in targets}
         self.client, self.settings, self.delays = client, settings, delays

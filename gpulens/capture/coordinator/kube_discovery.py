@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from gpulens.ground.logs import get_logger
 
-from .agents import AgentClient, AgentError
+from .agents import AgentFleet, AgentFailure
 from .discovery import AgentUrls, DiscoveryError
 from .targets import PodFacts, Snapshot, expand, expand_replicas
 
@@ -62,7 +62,7 @@ def _live(pod: Mapping[str, Any]) -> bool:
 
 class KubernetesDiscovery:
     def __init__(self, api_client, *, namespace: str, selector: str, job_id: str, attempt: int,
-                 agents: AgentUrls, agent_client: AgentClient | None = None, workers_timeout_s: float = 5.0,
+                 agents: AgentUrls, agent_client: AgentFleet | None = None, workers_timeout_s: float = 5.0,
                  serving: bool = False):
         self.api_client, self.namespace, self.selector = api_client, namespace, selector
         self.serving = serving   # a serving revision: replicas, each its own world (targets.expand_replicas)
@@ -86,7 +86,7 @@ class KubernetesDiscovery:
         async def one(url: str):
             try:
                 return url, await asyncio.wait_for(self.agent_client.workers(url), self.workers_timeout_s)
-            except (AgentError, asyncio.TimeoutError) as exc:
+            except (AgentFailure, asyncio.TimeoutError) as exc:
                 log.warning("discovery.agent_unreachable", agent=url, error=str(exc))
                 return url, None
         if self.agent_client is None:

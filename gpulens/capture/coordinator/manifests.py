@@ -41,7 +41,7 @@ def check_artifacts(record: CaptureRecord) -> None:
         if p.state == TargetState.ARCHIVED:
             problem = _artifact_problem(record, tid, p.artifact)
             if problem:
-                p.state = TargetState.PENDING  # reopen, then fail through the one door that publishes
+                p.status.state = TargetState.PENDING  # reopen, then fail through the one door that publishes
                 record.update(tid, TargetState.FAILED, FailureReason.VERIFICATION_FAILED, problem)
 
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpulens.capture.models import Artifact, CaptureRequest, FailureReason, TargetState, TERMINAL_STATES
+from gpulens.capture.models import Artifact, CaptureRequest, FailureReason, TargetState, TargetStatus
 
 from .events import EventBus
 from .targets import Snapshot, Target
@@ -30,20 +30,44 @@ class Phase:
 
 @dataclass
 class TargetProgress:
+    """One target as the coordinator follows it: the agent's latest `TargetStatus` for it (the type the
+    agent serves, so the two cannot drift apart) plus what only the coordinator knows: where the target
+    is and how its dispatch went."""
+
     target: Target
-    state: TargetState = TargetState.PENDING
-    reason: FailureReason | None = None
-    detail: str | None = None
-    updated_at: float = field(default_factory=time.time)
-    artifact: Artifact | None = None
+    status: TargetStatus = field(default=None)  # type: ignore[assignment]  # set in __post_init__
     accepted: bool = False           # the agent answered the dispatch (2xx)
     dispatch_attempts: int = 0
     dispatched_at: float | None = None     # first acceptance
     accepted_at: float = 0.0               # latest acceptance
 
+    def __post_init__(self) -> None:
+        if self.status is None:
+            self.status = TargetStatus(self.target.target_id)
+
+    @property
+    def state(self) -> TargetState:
+        return self.status.state
+
+    @property
+    def reason(self) -> FailureReason | None:
+        return self.status.reason
+
+    @property
+    def detail(self) -> str | None:
+        return self.status.detail
+
+    @property
+    def updated_at(self) -> float:
+        return self.status.updated_at
+
+    @property
+    def artifact(self) -> Artifact | None:
+        return self.status.artifact
+
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.status.terminal
 
     def to_dict(self) -> dict[str, Any]:
         t = self.target
@@ -113,9 +137,10 @@ class CaptureRecord:
             return False
         if (p.state, p.reason, p.detail) == (state, reason, detail) and artifact == p.artifact:
             return False
-        p.state, p.reason, p.detail, p.updated_at = state, reason, detail, time.time()
+        s = p.status
+        s.state, s.reason, s.detail, s.updated_at = state, reason, detail, time.time()
         if artifact is not None:
-            p.artifact = artifact
+            s.artifact = artifact
         self.bus.publish({"event": "target", "capture_id": self.capture_id, "target_id": target_id,
                           "rank": p.target.rank, "state": state.value, "reason": reason.value if reason else None,
                           "detail": detail, "at": p.updated_at})

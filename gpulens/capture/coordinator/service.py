@@ -23,7 +23,7 @@ from gpulens.capture.archive import ArchiveError, ArchiveStore, open_archive
 from gpulens.capture.models import CaptureReason, CaptureRequest, FailureReason, StepReading, TargetState, new_capture_id
 from gpulens.ground.logs import get_logger
 
-from .agents import AgentClient, AgentError
+from .agents import AgentFleet, AgentFailure
 from .analysis_runner import AnalysisRunner
 from .archived import list_kept, read_archived
 from .budget import DEFAULT_BUDGET_MB, BudgetRefused, measured_from, plan_budget
@@ -76,7 +76,7 @@ class CoordinatorSettings:
 
 
 class Coordinator:
-    def __init__(self, settings: CoordinatorSettings, discovery: Discovery, agents: AgentClient, *,
+    def __init__(self, settings: CoordinatorSettings, discovery: Discovery, agents: AgentFleet, *,
                  annotations: AnnotationSink | None = None, analysis: AnalysisRunner | None = None,
                  open_store: Callable[[str], ArchiveStore] | None = None,
                  annotation_backoff_s: tuple[float, float] = (1.0, 60.0), metrics: CoordinatorMetrics | None = None):
@@ -295,7 +295,7 @@ class Coordinator:
         async def one(url: str) -> list[dict[str, Any]]:
             try:
                 return await asyncio.wait_for(self.agents.workers(url), 5.0)
-            except (AgentError, asyncio.TimeoutError) as exc:
+            except (AgentFailure, asyncio.TimeoutError) as exc:
                 self.log.warning("start_iteration.agent_silent", capture_id=record.capture_id, agent=url, error=str(exc))
                 return []
         views = [w for ws in await asyncio.gather(*(one(u) for u in urls)) for w in ws]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from ..activities import CORE_ACTIVITY_TYPES, unknown_activities
 from ..models import CaptureOptions
 
-__all__ = ["ConfigError", "TraceConfig", "build_config", "log_file_for", "kineto_trace_path", "MIN_START_LEAD_MS"]
+__all__ = ["KinetoConfigError", "TraceConfig", "build_config", "log_file_for", "kineto_trace_path", "MIN_START_LEAD_MS"]
 
 MIN_START_LEAD_MS = 15_000
 MAX_DURATION_MS = 600_000
@@ -44,7 +44,7 @@ MAX_START_ITERATION = 10**12
 FALLBACK_MS = 500         # the time trace Kineto makes of an iteration request when nothing steps
 
 
-class ConfigError(ValueError):
+class KinetoConfigError(ValueError):
     """A config value Kineto would mangle or drop; `.field` names it."""
 
     def __init__(self, field: str, message: str):
@@ -71,7 +71,7 @@ def log_file_for(trace_dir: str, capture_id: str, target_id: str) -> str:
     """`<trace_dir>/<capture_id>/<target_id>.json`: unique per (capture, target)."""
     for name, value in (("capture_id", capture_id), ("target_id", target_id)):
         if not value or "/" in value or value in (".", "..") or ".json" in value:
-            raise ConfigError(name, f"{value!r} cannot be part of a trace file name")
+            raise KinetoConfigError(name, f"{value!r} cannot be part of a trace file name")
     return os.path.join(trace_dir, capture_id, f"{target_id}.json")
 
 
@@ -87,47 +87,47 @@ def kineto_trace_path(log_file: str, pid: int) -> str:
 def _check_value(field: str, value: str) -> str:
     for bad in ("=", "#", "..", "\n", "\r"):
         if bad in value:
-            raise ConfigError(field, f"{value!r} contains {bad!r}, which Kineto's config parser cannot carry")
+            raise KinetoConfigError(field, f"{value!r} contains {bad!r}, which Kineto's config parser cannot carry")
     if value != value.strip():
-        raise ConfigError(field, f"{value!r} has surrounding whitespace, which Kineto trims")
+        raise KinetoConfigError(field, f"{value!r} has surrounding whitespace, which Kineto trims")
     return value
 
 
 def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
-    """The config text (newline-separated KEY=VALUE, no trailing newline), or ConfigError."""
+    """The config text (newline-separated KEY=VALUE, no trailing newline), or KinetoConfigError."""
     log_file = _check_value("log_file", cfg.log_file)
     if not os.path.isabs(log_file):
-        raise ConfigError("log_file", f"{log_file!r} is relative: Kineto resolves it in the trainer's cwd (or ignores it)")
+        raise KinetoConfigError("log_file", f"{log_file!r} is relative: Kineto resolves it in the trainer's cwd (or ignores it)")
     if ".json" not in os.path.basename(log_file):
-        raise ConfigError("log_file", f"{log_file!r} has no '.json': Kineto would not insert the pid")
+        raise KinetoConfigError("log_file", f"{log_file!r} has no '.json': Kineto would not insert the pid")
     if isinstance(cfg.duration_ms, bool) or not isinstance(cfg.duration_ms, int) or not 1 <= cfg.duration_ms <= MAX_DURATION_MS:
-        raise ConfigError("duration_ms", f"{cfg.duration_ms!r} is not an integer in 1..{MAX_DURATION_MS}")
+        raise KinetoConfigError("duration_ms", f"{cfg.duration_ms!r} is not an integer in 1..{MAX_DURATION_MS}")
     if not cfg.activities:
-        raise ConfigError("activities", "at least one activity type is needed (empty means Kineto's whole default set)")
+        raise KinetoConfigError("activities", "at least one activity type is needed (empty means Kineto's whole default set)")
     bad = unknown_activities(list(cfg.activities), allow_newer=cfg.allow_newer_activities)
     if bad:
-        raise ConfigError("activities", f"unknown to some Kineto versions: {', '.join(map(repr, bad))} "
+        raise KinetoConfigError("activities", f"unknown to some Kineto versions: {', '.join(map(repr, bad))} "
                                         f"(allowed: {', '.join(CORE_ACTIVITY_TYPES)})")
     for name in cfg.activities:
         _check_value("activities", name)
     if cfg.start_time_ms:
         lead = cfg.start_time_ms - int((time.time() if now is None else now) * 1000)
         if lead < MIN_START_LEAD_MS:
-            raise ConfigError("start_time_ms", f"starts in {lead} ms; needs >= {MIN_START_LEAD_MS} ms "
+            raise KinetoConfigError("start_time_ms", f"starts in {lead} ms; needs >= {MIN_START_LEAD_MS} ms "
                                                "(poll + profiler tick + warm-up), else Kineto drops it as past")
     for name, value, top in (("iterations", cfg.iterations, MAX_ITERATIONS),
                              ("iteration_roundup", cfg.iteration_roundup, MAX_ROUNDUP)):
         if isinstance(value, bool) or not isinstance(value, int) or not (0 if name == "iterations" else 1) <= value <= top:
-            raise ConfigError(name, f"{value!r} is not an integer in range (max {top})")
+            raise KinetoConfigError(name, f"{value!r} is not an integer in range (max {top})")
     if cfg.start_iteration is not None and (isinstance(cfg.start_iteration, bool) or not isinstance(cfg.start_iteration, int)
                                             or not 0 <= cfg.start_iteration <= MAX_START_ITERATION):
-        raise ConfigError("start_iteration", f"{cfg.start_iteration!r} is not an integer in 0..{MAX_START_ITERATION}")
+        raise KinetoConfigError("start_iteration", f"{cfg.start_iteration!r} is not an integer in 0..{MAX_START_ITERATION}")
     if cfg.start_iteration is not None and not cfg.iterations:
-        raise ConfigError("start_iteration", "a start iteration needs iterations > 0")
+        raise KinetoConfigError("start_iteration", "a start iteration needs iterations > 0")
     if cfg.iterations and cfg.start_time_ms:
-        raise ConfigError("start_time_ms", "an iteration-based trace starts at an iteration, not at a time")
+        raise KinetoConfigError("start_time_ms", "an iteration-based trace starts at an iteration, not at a time")
     if cfg.trace_id is not None and not (cfg.trace_id.isdigit() and len(cfg.trace_id) <= 32):
-        raise ConfigError("trace_id", f"{cfg.trace_id!r} is not a decimal id")
+        raise KinetoConfigError("trace_id", f"{cfg.trace_id!r} is not a decimal id")
     o = cfg.options
     lines = [
         f"ACTIVITIES_LOG_FILE={log_file}",
@@ -150,7 +150,7 @@ def build_config(cfg: TraceConfig, *, now: float | None = None) -> str:
     if cfg.max_gpu_buffer_mb is not None:
         if isinstance(cfg.max_gpu_buffer_mb, bool) or not isinstance(cfg.max_gpu_buffer_mb, int) \
                 or not 1 <= cfg.max_gpu_buffer_mb <= 1 << 16:
-            raise ConfigError("max_gpu_buffer_mb", f"{cfg.max_gpu_buffer_mb!r} is not an integer in 1..65536")
+            raise KinetoConfigError("max_gpu_buffer_mb", f"{cfg.max_gpu_buffer_mb!r} is not an integer in 1..65536")
         lines.append(f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={cfg.max_gpu_buffer_mb}")
     if cfg.trace_id is not None:
         lines.append(f"REQUEST_TRACE_ID={cfg.trace_id}")

@@ -174,9 +174,9 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         return await serve(args, stop)
 
-    from .config import ConfigError
+    from .config import OperatorConfigError
     try:
         return asyncio.run(main())
-    except (ConfigError, ValueError, OSError) as exc:
+    except (OperatorConfigError, ValueError, OSError) as exc:
         log.error("operator.failed", reason=str(exc))
         return 2

@@ -14,13 +14,13 @@ from typing import Any, Mapping
 import jsonschema
 import yaml
 
-__all__ = ["ArmingConfig", "CoordinatorConfig", "LeaderElectionConfig", "OperatorConfig", "ConfigError",
+__all__ = ["ArmingConfig", "CoordinatorConfig", "LeaderElectionConfig", "OperatorConfig", "OperatorConfigError",
            "load_config"]
 
 _SCHEMA = json.loads((Path(__file__).with_name("config.schema.json")).read_text())
 
 
-class ConfigError(ValueError):
+class OperatorConfigError(ValueError):
     """The configuration file is unreadable or breaks config.schema.json (the message names the field)."""
 
 
@@ -86,7 +86,7 @@ class OperatorConfig:
             jsonschema.validate(dict(data), _SCHEMA)
         except jsonschema.ValidationError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-            raise ConfigError(f"operator config: {where}: {exc.message}") from None
+            raise OperatorConfigError(f"operator config: {where}: {exc.message}") from None
         d = dict(data)
         coord = dict(d.pop("coordinator"))
         coord["tolerations"] = tuple(coord.get("tolerations", ()))
@@ -103,7 +103,7 @@ def load_config(path: str | Path) -> OperatorConfig:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"operator config {path}: {exc}") from None
+        raise OperatorConfigError(f"operator config {path}: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"operator config {path}: expected a mapping at the top level")
+        raise OperatorConfigError(f"operator config {path}: expected a mapping at the top level")
     return OperatorConfig.from_dict(data)

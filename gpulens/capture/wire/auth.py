@@ -17,7 +17,7 @@ from typing import Awaitable, Callable, Iterable
 
 from aiohttp import web
 
-__all__ = ["SecretFile", "Credentials", "auth_middleware", "OPEN_PATHS"]
+__all__ = ["SecretFile", "FixedSecret", "Credentials", "auth_middleware", "OPEN_PATHS"]
 
 OPEN_PATHS = frozenset({"/healthz"})
 
@@ -72,11 +72,22 @@ def _basic_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+@dataclass(frozen=True)
+class FixedSecret:
+    """A secret given once at start-up (the agent's token, read by its command from a file or the
+    environment); reads like a `SecretFile` so one middleware serves both."""
+
+    value: str
+
+    def read(self) -> str:
+        return self.value
+
+
 @dataclass
 class Credentials:
     """Accepted credentials: bearer tokens and (optionally) `user:password` lines for basic auth."""
 
-    tokens: tuple[SecretFile, ...] = ()
+    tokens: tuple[SecretFile | FixedSecret, ...] = ()
     basic: SecretFile | None = None
 
     def accepts(self, header: str | None) -> bool:
@@ -110,14 +121,19 @@ class Credentials:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def auth_middleware(credentials: Credentials, open_paths: Iterable[str] = OPEN_PATHS):
+def auth_middleware(credentials: Credentials, open_paths: Iterable[str] = OPEN_PATHS, *, realm: str = "gpulens",
+                    on_refused: Callable[[web.Request], None] | None = None):
+    """401 for every path outside `open_paths` without an accepted credential; `on_refused` (a log line)
+    sees each refusal."""
     open_set = frozenset(open_paths)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in open_set or credentials.accepts(request.headers.get("Authorization")):
             return await handler(request)
-        challenge = 'Bearer realm="gpulens"' + (', Basic realm="gpulens"' if credentials.basic else "")
+        if on_refused is not None:
+            on_refused(request)
+        challenge = f'Bearer realm="{realm}"' + (f', Basic realm="{realm}"' if credentials.basic else "")
         return web.json_response({"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": challenge})
 
     return check
