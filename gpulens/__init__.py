@@ -1,8 +1,9 @@
 """gpulens: GPU demand, back-pressure and contention signals plus on-demand multi-rank captures.
 
-This package holds the command line (`gpulens.cli`), the embedded default (`gpulens.up`) and the
-small layer shared by every component (`gpulens.ground.logs`). The components themselves live in the
-top-level packages `exporter`, `capture` and `hooks`.
+The one import namespace of the distribution: the command line (`gpulens.cli`), the embedded default
+(`gpulens.up`), the rules and dashboards (`gpulens.alertrules`, `gpulens.dashboards`), the two planes
+(`gpulens.exporter`, `gpulens.capture`), the trainer hook (`gpulens.hooks`) and the ground every
+component stands on (`gpulens.ground`). docs/ARCHITECTURE.md ("Folders and layers") maps them.
 """
 
 __all__ = ["__version__"]
