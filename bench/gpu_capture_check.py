@@ -60,6 +60,7 @@ async def main(out: str | None) -> int:
     from gpulens.capture.agent.steps import first_traced_step
     from gpulens.capture.archive import RetryPolicy
     from gpulens.capture.coordinator.start_iteration import plan_start
+    from gpulens.hooks import hook_path
 
     base = Path(tempfile.mkdtemp(prefix="gl-gpu-", dir="/var/tmp"))
     sock = tempfile.mkdtemp(prefix="gl-", dir="/tmp")
@@ -67,7 +68,7 @@ async def main(out: str | None) -> int:
         (base / d).mkdir()
     stop = base / "stop"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "gpulens" / "hooks" / "site"), env.get("PYTHONPATH", "")]),
+    env.update(PYTHONPATH=os.pathsep.join([str(hook_path()), env.get("PYTHONPATH", "")]),
                GPULENS_REGISTRY_DIR=str(base / "reg"), GPULENS_SOCKET_DIR=sock, GPULENS_TRACE_DIR=str(base / "traces"),
                GPULENS_JOB_ID="gpu", GPULENS_TRAINER_DEVICE="cuda", OMP_NUM_THREADS="1")
     log = open(base / "trainer.log", "w")

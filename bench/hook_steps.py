@@ -18,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpulens" / "hooks" / "site"))
+from gpulens.hooks import hook_path
+
+sys.path.insert(0, str(hook_path()))
 
 import torch  # noqa: E402
 from torch.autograd.profiler import KinetoStepTracker  # noqa: E402

@@ -15,9 +15,10 @@ import aiohttp
 import pytest
 
 from gpulens.capture.agent.client import AgentClient
+from gpulens.hooks import hook_path
 from tests.agent.test_agent import TOKEN, Node, agent, converge, dispatch, node  # noqa: F401  (fixtures)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpulens" / "hooks" / "site"))
+sys.path.insert(0, str(hook_path()))
 from _gpulens_steps import StepPublisher, steps_filename  # noqa: E402  (the hook's own writer)
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.hooks import hook_path
 from gpulens.capture.agent.steps import StepsUnreadable, first_traced_step, read_steps
 from gpulens.capture.dynolog.kineto_watch import KinetoWatch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpulens" / "hooks" / "site"))
+sys.path.insert(0, str(hook_path()))
 from _gpulens_steps import STEPS_SLOTS, StepPublisher, steps_filename  # noqa: E402
 
 

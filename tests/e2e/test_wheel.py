@@ -85,8 +85,6 @@ def test_the_wheel_installs_one_namespace_with_its_run_time_data(installed):
     assert top == {"gpulens"}, top
     lacking = [g for g in PACKAGE_DATA if not fnmatch.filter(names, f"gpulens/{g}")]
     assert not lacking, lacking
-    # no test code, no repository-only folders
-    assert not [n for n in names if n.startswith(("tests/", "helm/", "bench/", "docs/"))]
     # imported from the venv, not from the checkout, and finds its data there
     out = installed.python(
         "import gpulens, gpulens.capture, gpulens.hooks, gpulens.alertrules as a\n"

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from gpulens.hooks import hook_path
 from gpulens.exporter.attribution import Attributor, Workload, workload_id
 from gpulens.exporter.procfs import ProcFS
 from gpulens.exporter.registrations import RegistrationIndex
@@ -55,7 +56,7 @@ def test_record_older_than_the_process_belongs_to_a_recycled_pid(tmp_path, child
 
 def test_hook_written_record_is_understood(tmp_path, child):
     """A record built by the real hook code (gpulens/hooks/site/_gpulens_hook.py), pid swapped to the child's."""
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "gpulens" / "hooks" / "site"))
+    sys.path.insert(0, str(hook_path()))
     try:
         import _gpulens_hook as hook
     finally:
@@ -76,7 +77,7 @@ def test_a_hook_record_names_its_serving_workload_and_the_series_carry_it(tmp_pa
     replica of a Deployment: the record carries it (schema-valid) and gpulens_workload becomes it,
     while gpulens_job stays the revision, as the pod index gives them in a cluster."""
     from gpulens.capture import schemas
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "gpulens" / "hooks" / "site"))
+    sys.path.insert(0, str(hook_path()))
     try:
         import _gpulens_hook as hook
     finally:

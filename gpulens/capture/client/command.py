@@ -189,6 +189,7 @@ async def _main(args: argparse.Namespace) -> int:
 async def _start(args: argparse.Namespace, api, ctx) -> int:
     from dataclasses import replace
 
+    from gpulens.capture.activities import DEFAULT_CPU_ACTIVITIES
     from gpulens.capture.models import CaptureOptions, CaptureReason, CaptureRequest, new_capture_id
 
     from .api import ApiError
@@ -203,7 +204,7 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
     ctx = replace(ctx, capture_id=capture_id)
     duration_ms = args.duration_ms or (30_000 if args.iterations else 2000)
     options = CaptureOptions(**{k: True for k in ("with_stack", "record_shapes") if getattr(args, k)})
-    activities = tuple(a.strip() for a in args.activities.split(",") if a.strip()) if args.activities else None
+    activities = tuple(a.strip() for a in (args.activities or "").split(",") if a.strip())
     # the models' own request type writes the wire form (schemas/capture_request.schema.json); with --pod
     # and no --job the gateway resolves the job, so job_id is left out rather than sent empty
     request = CaptureRequest(
@@ -211,7 +212,7 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
         reason=CaptureReason(kind="manual", text=args.reason) if args.reason else CaptureReason(),
         requested_by=os.environ.get("USER") or "cli", capture_id=capture_id, iterations=args.iterations,
         iteration_roundup=args.iteration_roundup, baseline=bool(args.baseline), budget_mb=args.budget_mb,
-        **({"activities": activities} if activities else {})).to_dict()
+        activities=activities or DEFAULT_CPU_ACTIVITIES).to_dict()
     if not args.job:
         del request["job_id"]
     try:

@@ -35,15 +35,14 @@ class TargetProgress:
     is and how its dispatch went."""
 
     target: Target
-    status: TargetStatus = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+    status: TargetStatus = field(init=False)
     accepted: bool = False           # the agent answered the dispatch (2xx)
     dispatch_attempts: int = 0
     dispatched_at: float | None = None     # first acceptance
     accepted_at: float = 0.0               # latest acceptance
 
     def __post_init__(self) -> None:
-        if self.status is None:
-            self.status = TargetStatus(self.target.target_id)
+        self.status = TargetStatus(self.target.target_id)
 
     @property
     def state(self) -> TargetState:
