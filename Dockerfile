@@ -12,8 +12,14 @@ RUN python3 -m venv /opt/gpulens
 COPY image/requirements.txt /tmp/requirements.txt
 # HTA (traceinsight) declares jupyterlab and pydot (~1 GB); image/lock.py lists what it imports.
 RUN /opt/gpulens/bin/pip install --no-cache-dir --no-deps --only-binary=:all: -r /tmp/requirements.txt
-COPY pyproject.toml README.md /src/
+# The design card's layout: pyproject.toml maps each top-level folder to its gpulens.* name.
+COPY pyproject.toml setup.py README.md /src/
 COPY gpulens /src/gpulens
+COPY exporter /src/exporter
+COPY capture /src/capture
+COPY alertrules /src/alertrules
+COPY dashboards /src/dashboards
+COPY hooks /src/hooks
 RUN /opt/gpulens/bin/pip install --no-cache-dir --no-deps /src \
  && /opt/gpulens/bin/pip uninstall -y -q pip setuptools \
  && find /opt/gpulens/lib -type d -name tests -prune -exec rm -rf {} + \
@@ -22,7 +28,7 @@ RUN /opt/gpulens/bin/pip install --no-cache-dir --no-deps /src \
 # ---- Debian's generic kernel headers, for nodes that ship none (COS, Bottlerocket, Talos) ----
 # Only what bcc includes: include/ and arch/<arch>/include/, common and generated parts merged
 # into one tree (bcc's BCC_KERNEL_SOURCE layout). The exporter uses it only when the host's
-# /lib/modules/<release> has no headers (gpulens/exporter/kheaders.py).
+# /lib/modules/<release> has no headers (exporter/kheaders.py).
 FROM ${BASE} AS headers
 RUN set -eu; apt-get update; cd /tmp; \
     arch=$(dpkg --print-architecture); case "$arch" in amd64) karch=x86;; arm64) karch=arm64;; *) karch=$arch;; esac; \

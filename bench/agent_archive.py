@@ -6,7 +6,7 @@
    - `sha256 alone`: read + hash, the floor any verifier that checksums must pay;
    - `json.load`: parse only, what the issue-17 verifier is held against;
    - `verify, no copy`: the verifier as before issue 27 (sha256 of the raw bytes);
-   - `verify + gzip <codec> <level>`: the verifier writing the archive copy (gpulens/capture/agent/staging.py);
+   - `verify + gzip <codec> <level>`: the verifier writing the archive copy (capture/agent/staging.py);
    - `verify, then gzip (two reads)`: the same work as two passes, for contrast.
 2. Compression ratio and speed of each codec/level on every real trace in ../shared/data/traces
    (decompressed first; in-process, medians of 5).

@@ -6,7 +6,7 @@
 2. Exporter CPU while a workload launches flat out and Prometheus scrapes every second: the
    `gpulens exporter` process's own CPU time (the probes' cost is charged to the workload, in 1).
 3. Scrape and discovery time with N live processes in the map, each its own pod: the old scrape
-   (collect and encode per request) next to the cached one (gpulens/exporter/exposition.py: bytes the
+   (collect and encode per request) next to the cached one (exporter/exposition.py: bytes the
    tick encoded), interleaved, and what the encoding at the tick costs.
 
 Needs root, bcc and gcc. Usage: sudo .venv/bin/python bench/exporter_overhead.py [--rounds 5] [--procs 1000]

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/hook_steps.py [--steps 20000] [--repeats 7]
 
-The hook registers one global optimizer post-step hook (gpulens/hooks/site/_gpulens_steps.py) that copies
+The hook registers one global optimizer post-step hook (hooks/site/_gpulens_steps.py) that copies
 the Kineto step count and the time into a memory-mapped ring. This times `optimizer.step()` of a
 tiny model (SGD over a 4x4 Linear: the smallest step, where the hook's share is largest) with no
 extra hook, with an empty global post-hook (the price of any hook at all) and with the

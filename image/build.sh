@@ -41,7 +41,8 @@ fi
 # The build context as the Dockerfile sees it (.dockerignore: package sources, pyproject, README,
 # the lock), plus the base image's id: equal hash, equal image.
 context_hash=$( { "$P" image inspect --format '{{.Id}}' "$BASE";
-  find Dockerfile .dockerignore pyproject.toml README.md image/requirements.txt gpulens \
+  find Dockerfile .dockerignore pyproject.toml setup.py README.md image/requirements.txt \
+    gpulens exporter capture alertrules dashboards hooks \
     -type f ! -name '*.pyc' ! -name '*.so' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print0 \
     | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
 have=$("$P" image inspect --format '{{index .Labels "dev.gpulens.context"}}' "$NAME" 2>/dev/null || true)

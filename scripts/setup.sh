@@ -50,7 +50,7 @@ fi
 PY=${GPULENS_PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 stamp=.venv/.gpulens-setup
-want=$(cat pyproject.toml image/requirements.txt scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml setup.py image/requirements.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $($PY --version)"
   "$PY" -m venv .venv

@@ -1,4 +1,4 @@
-"""The recorded signals that decide which workload alert fires (gpulens/alertrules/rules), as text.
+"""The recorded signals that decide which workload alert fires (alertrules/rules), as text.
 
 For failure messages: when a test finds the wrong alert, or none, the message shows which signal
 was off (demand against its baseline, the blocked share against its baseline, bytes by direction),
@@ -11,7 +11,7 @@ import json
 import urllib.parse
 import urllib.request
 
-#: label shown -> recorded series (gpulens/alertrules/rules/gpulens-recording.rules.yml)
+#: label shown -> recorded series (alertrules/rules/gpulens-recording.rules.yml)
 SIGNALS = {
     "demand/baseline": "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
     "blocked share": "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",

@@ -10,7 +10,7 @@ watches, which the noisy neighbour raises.
 
 Each request is decoded on the host (the JSON, plus `--host-ms` of work), goes through the model's
 forward only (`torch.no_grad`, no optimizer: serving has no steps), drives the CUDA driver
-stand-in (gpulens/exporter/stub) as a GPU server would (input to the device, kernels, a synchronous read
+stand-in (exporter/stub) as a GPU server would (input to the device, kernels, a synchronous read
 of the answer), and its label is read on the host (`aten::item`) for the response. Each request
 is one `serve.request` span in traces (a user annotation, as servers mark theirs).
 

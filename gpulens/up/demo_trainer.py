@@ -4,7 +4,7 @@ gloo), armed by the trainer hook like any real job.
 Each step takes its batch from a real `torch.utils.data.DataLoader` (so traces carry its
 `enumerate(DataLoader)#...__next__` spans), does a little real PyTorch work (so Kineto traces have
 real `cpu_op` events), steps a `torch.optim` optimizer (so Kineto counts iterations), and drives
-the CUDA driver stand-in (gpulens/exporter/stub) through its exported driver symbols, so the exporter's
+the CUDA driver stand-in (exporter/stub) through its exported driver symbols, so the exporter's
 uprobes see demand, back-pressure and transfers exactly as they would from cuBLAS on a GPU.
 
 An incident is switched on at run time by writing its name into the control file (`gpulens up

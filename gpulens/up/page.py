@@ -89,7 +89,7 @@ class Page:
                             content_type="text/html")
 
     async def runbook(self, request: web.Request) -> web.Response:
-        """gpulens/alertrules/runbooks/<diagnosis>.md as the alert's runbook_url names it (plain text, read-only)."""
+        """alertrules/runbooks/<diagnosis>.md as the alert's runbook_url names it (plain text, read-only)."""
         name = request.match_info["name"]
         if not RUNBOOK_NAME.fullmatch(name):
             raise web.HTTPNotFound(text=f"no runbook {name!r}: see /runbooks/")

@@ -262,7 +262,7 @@ def test_every_truncation_of_a_batched_trace_is_an_error():
 
 
 def test_nesting_past_the_parser_limit_is_a_verdict_as_the_analysis_refuses_it(tmp_path, now):
-    """gpulens/capture/limits.TRACE_FILE lets the parser's recursion limit stand for traces; hitting it in
+    """capture/limits.TRACE_FILE lets the parser's recursion limit stand for traces; hitting it in
     an event or a top-level value is a failed verification, not a crash of the verifier."""
     deep = "[" * 100_000 + "]" * 100_000
     for where in ("event", "top"):

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import missing
 
 REPO = Path(__file__).resolve().parents[2]
-ALERTRULES = REPO / "gpulens" / "alertrules"
+ALERTRULES = REPO / "alertrules"
 PROMTOOL = "/usr/bin/promtool"
 AMTOOL = "/usr/bin/amtool"
 
@@ -38,7 +38,7 @@ def run(*cmd: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.
 
 @pytest.fixture
 def rules_copy(tmp_path: Path) -> Path:
-    """gpulens/alertrules/rules and gpulens/alertrules/tests copied side by side, to mutate without touching the repo."""
+    """alertrules/rules and alertrules/tests copied side by side, to mutate without touching the repo."""
     dst = tmp_path / "alertrules"
     shutil.copytree(ALERTRULES / "rules", dst / "rules")
     shutil.copytree(ALERTRULES / "tests", dst / "tests")

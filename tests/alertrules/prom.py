@@ -95,7 +95,7 @@ def rules_evaluated_ok(base: str) -> tuple[bool, list[str]]:
 
 class ExporterDouble:
     """Stands for the exporter's `GET /metrics`: Prometheus text format 0.0.4 with every metric of
-    gpulens/exporter/metrics.yaml (HELP and TYPE lines, catalogue labels), for one pod on one GPU.
+    exporter/metrics.yaml (HELP and TYPE lines, catalogue labels), for one pod on one GPU.
     Counters grow at rates that `rates(elapsed_s)` returns, so a test can script an incident."""
 
     def __init__(self, rates: Callable[[float], dict[str, float]]) -> None:

@@ -28,7 +28,7 @@ def test_committed_promtool_tests_match_the_scenarios():
     assert sorted(rendered) == TEST_FILES
     for name, text in rendered.items():
         committed = (ALERTRULES / "tests" / name).read_text()
-        assert committed == text, f"gpulens/alertrules/tests/{name} is stale: run python -m gpulens.alertrules.promtool_tests"
+        assert committed == text, f"alertrules/tests/{name} is stale: run python -m gpulens.alertrules.promtool_tests"
 
 
 def test_stale_test_file_is_reported(tmp_path):

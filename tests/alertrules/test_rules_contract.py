@@ -29,7 +29,7 @@ def test_alert_labels_and_annotations(alert):
     assert set(alert["annotations"]) == {"summary", "description", "runbook_url", "dashboard_url"}
     diagnosis = labels["diagnosis"]
     assert alert["annotations"]["runbook_url"].endswith(f"/runbooks/{diagnosis}.md")
-    assert (REPO / "gpulens" / "alertrules" / "runbooks" / f"{diagnosis}.md").is_file(), f"no runbook for {diagnosis}"
+    assert (REPO / "alertrules" / "runbooks" / f"{diagnosis}.md").is_file(), f"no runbook for {diagnosis}"
     for text in alert["annotations"].values():
         ruleset.render_template(text, {"namespace": "ns", "pod": "p", "node": "n"})
 

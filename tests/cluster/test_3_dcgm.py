@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 NODE_IP = "10.244.0.1"
 EXPORTER = f"http://{NODE_IP}:9450/metrics"
 RECORDED = Path(__file__).resolve().parents[1] / "exporter" / "data" / "dcgm-exporter-4x.txt"
-#: the GPU Operator's shape: pod label and container port name (gpulens/exporter/dcgm_discovery.py)
+#: the GPU Operator's shape: pod label and container port name (exporter/dcgm_discovery.py)
 OPERATOR_LABELS = {"app": "nvidia-dcgm-exporter"}
 PORT = 9400
 #: the not-ready one sorts before every stand-in name (the finder takes the first usable by name)

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from .harness import NS, REPO, forbidden_in_logs, pod_log, wait_until
-from .workload import JOB, armed_namespace, call, capture_status, gateway, start_capture, start_trainer, wait_converged
+from .harness import NS, forbidden_in_logs, pod_log, wait_until
+from .workload import JOB, armed_namespace, call, capture_status, gateway, start_capture, start_trainer, torch_site, wait_converged
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -38,7 +38,7 @@ def test_the_trainer_pod_is_armed_at_creation(trainer):
     assert [c.name for c in pod.spec.init_containers or []] == ["gpulens-hook"]
     (main,) = pod.spec.containers
     env = {e.name: e.value for e in main.env}
-    assert env["PYTHONPATH"].split(":")[0] != str(REPO)        # the hook folder was put first
+    assert env["PYTHONPATH"].split(":")[0] != torch_site()     # the hook folder was put first
     assert "GPULENS_REGISTRY_DIR" in env and "GPULENS_SOCKET_DIR" in env
 
 

@@ -1,10 +1,11 @@
 """The workloads the cluster tests run and the gateway they ask for captures: one builder each, so
 the loop (test_3), the faults (test_4) and the churn (test_6) run the same trainer.
 
-The trainer runs Debian's python3 from the gpulens image (bookworm + python3 + bcc, no torch):
-torch comes from this machine's venv and the demo trainer from the repository, both hostPath
-read-only (no registry here to pull a torch image from); it drives the CUDA driver stand-in
-(gpulens/exporter/stub, also by hostPath), so the exporter's uprobes count its launches."""
+The trainer runs the gpulens image's python3 (bookworm + python3 + bcc + gpulens, no torch), with
+the demo trainer as the image installed it (image/build.sh rebuilds it whenever the sources change):
+torch comes from this machine's venv, hostPath read-only (no registry here to pull a torch image
+from); it drives the CUDA driver stand-in
+(exporter/stub, also by hostPath), so the exporter's uprobes count its launches."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from .harness import NS, REPO, STATE, wait_until
+from .harness import NS, STATE, wait_until
 
 JOB = "trainer"
 #: the trainer container's CPU request (Burstable QoS; see trainer_job)
@@ -52,7 +53,7 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     from gpulens.exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
-    mounts = [("repo", str(REPO)), ("site", site), ("stub", str(libcuda.parents[1]))]
+    mounts = [("site", site), ("stub", str(libcuda.parents[1]))]
     mount_paths = {}
     if control_dir:
         mounts.append(("control", control_dir))
@@ -82,7 +83,7 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
             "containers": [{
                 "name": "trainer", "image": image, "imagePullPolicy": "Never", "command": command,
-                "env": [{"name": "PYTHONPATH", "value": f"{REPO}:{site}"},
+                "env": [{"name": "PYTHONPATH", "value": site},
                         {"name": "LD_LIBRARY_PATH", "value": str(libcuda.parent)},
                         {"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}, *env],
                 "securityContext": {"runAsUser": 0},

@@ -5,7 +5,7 @@ trainer running in ANOTHER container (its own pid namespace, uid 1000).
 
 The trainer container is plain bookworm with Debian's python3; torch comes from the host venv's
 site-packages, mounted read-only (no torch in any image), and the gpulens hook from the
-repository's gpulens/hooks/ folder, mounted read-only, armed through PYTHONPATH as the README says.
+repository's hooks/ folder, mounted read-only, armed through PYTHONPATH as the README says.
 
 Asserted: both ranks archived, each archive's bytes match the sha256 and size the agent reports,
 the trace names the worker's own (container-namespace) pid, and the agent resolved each worker's

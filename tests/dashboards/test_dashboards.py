@@ -54,7 +54,7 @@ def promtool() -> str:
 def test_committed_json_is_what_the_code_generates():
     rendered = build.render()
     for name, text in rendered.items():
-        assert (build.JSON_DIR / name).read_text() == text, f"gpulens/dashboards/json/{name} is stale: python -m gpulens.dashboards.build"
+        assert (build.JSON_DIR / name).read_text() == text, f"dashboards/json/{name} is stale: python -m gpulens.dashboards.build"
     assert sorted(p.name for p in build.JSON_DIR.glob("*.json")) == sorted(rendered)
 
 

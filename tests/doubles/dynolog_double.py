@@ -2,7 +2,7 @@
 
 It stands for the `dynolog --enable_ipc_monitor` daemon and follows the wire protocol byte for
 byte, as written down in shared/reference/dynolog-kineto-protocol.md (sections 1, 2.4, 3) and
-checked against dynolog-observed.md. It is written independently of gpulens/capture/dynolog (nothing is
+checked against dynolog-observed.md. It is written independently of capture/dynolog (nothing is
 imported from there), so the agent's client and endpoint are tested against a second reading of
 the reference, not against themselves.
 

@@ -166,7 +166,7 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
 
 def registration(directory: Path, pid: int, pod: str, *, namespace: str = "team-a", container: str = "trainer",
                  start_time: float | None = None, **extra) -> Path:
-    """A registration record as the trainer hook writes it (gpulens/capture/schemas/registration.schema.json)."""
+    """A registration record as the trainer hook writes it (capture/schemas/registration.schema.json)."""
     pidns = os.readlink(f"/proc/{pid}/ns/pid")
     rec = {
         "schema_version": 1, "job_id": "job1", "attempt": 0, "namespace": namespace, "pod": pod,

@@ -68,7 +68,7 @@ def test_truncated_library_raises_elf_error(stub, tmp_path):
 
 
 def test_every_probe_has_a_kind_the_bpf_program_handles():
-    source = (Path(__file__).resolve().parents[2] / "gpulens" / "exporter" / "bpf" / "counters.c").read_text()
+    source = (Path(__file__).resolve().parents[2] / "exporter" / "bpf" / "counters.c").read_text()
     for spec in DRIVER_PROBES:
         assert f"int {spec.entry}(struct pt_regs *ctx)" in source
         assert f"return handle_entry(ctx, " in source

@@ -1,4 +1,4 @@
-"""The collector emits exactly the catalogue (gpulens/exporter/metrics.yaml): names, types, labels, units."""
+"""The collector emits exactly the catalogue (exporter/metrics.yaml): names, types, labels, units."""
 
 from __future__ import annotations
 

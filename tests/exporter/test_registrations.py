@@ -55,7 +55,7 @@ def test_record_older_than_the_process_belongs_to_a_recycled_pid(tmp_path, child
 
 
 def test_hook_written_record_is_understood(tmp_path, child):
-    """A record built by the real hook code (gpulens/hooks/site/_gpulens_hook.py), pid swapped to the child's."""
+    """A record built by the real hook code (hooks/site/_gpulens_hook.py), pid swapped to the child's."""
     sys.path.insert(0, str(hook_path()))
     try:
         import _gpulens_hook as hook

@@ -1,4 +1,4 @@
-"""The archive path rule (gpulens/capture/archive/paths.py): every escape, plain, percent-encoded or doubly
+"""The archive path rule (capture/archive/paths.py): every escape, plain, percent-encoded or doubly
 encoded, is refused by `under_prefix`, `join_uri` and both stores, and a canary file outside the
 root is never read, written or replaced; S3 keys are refused before any request is made."""
 

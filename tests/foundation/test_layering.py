@@ -2,17 +2,24 @@
 layers and the capture plane's, hooks stdlib-only, gpulens.capture.analysis free of aiohttp and kopf),
 and no import circle among first-party modules (TYPE_CHECKING imports included). Both checks are
 shown to catch a planted fault (an import against the layers, a circle), so neither can pass by
-finding nothing."""
+finding nothing.
+
+grimp (and so import-linter) finds a package by walking its one folder; in a checkout the planes sit
+beside gpulens/ (pyproject.toml maps them), so every check here reads the sources as they install,
+staged by tests/package_tree.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 
 import grimp
+import pytest
 
+from tests import package_tree
 from tests.conftest import REPO, VENV_BIN
 
 PACKAGES = ("gpulens",)
@@ -50,13 +57,45 @@ def circles(graph, modules) -> list[list[str]]:
     return out
 
 
-def lint_imports(cwd, env=None) -> subprocess.CompletedProcess:
+PY_ONLY = shutil.ignore_patterns("__pycache__", "*.json", "*.yml", "*.yaml", "*.md", "*.c", "*.txt", "*.html", "*.so")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The sources as they install (gpulens/capture, gpulens/exporter, ...), Python files only."""
+    return package_tree.stage(tmp_path_factory.mktemp("installed") / "src", ignore=PY_ONLY)
+
+
+@contextlib.contextmanager
+def graph_of(src, *names, **kwargs):
+    """grimp's graph of `names` as found under `src`: `gpulens` is hidden from sys.modules meanwhile,
+    since grimp asks importlib where a package lives and this process imported the checkout's."""
+    saved = {n: sys.modules.pop(n) for n in ("gpulens",) if n in sys.modules}
+    sys.path.insert(0, str(src))
+    try:
+        yield grimp.build_graph(*names, cache_dir=None, **kwargs)
+    finally:
+        sys.path.remove(str(src))
+        sys.modules.update(saved)
+
+
+def lint_imports(cwd, src) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(src)}
     return subprocess.run([str(VENV_BIN / "lint-imports"), "--config", str(REPO / ".importlinter"), "--no-cache"],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_import_linter_contracts_are_kept():
-    done = lint_imports(REPO)
+def test_the_staged_tree_holds_every_module_of_the_checkout(installed):
+    """A folder the mapping missed would leave its modules out of every check below."""
+    staged = {p.relative_to(installed).as_posix() for p in installed.rglob("*.py")}
+    expected = {f"{name.replace('.', '/')}/{p.relative_to(REPO / folder).as_posix()}"
+                for name, folder in package_tree.package_dirs().items() for p in (REPO / folder).rglob("*.py")
+                if "__pycache__" not in p.parts}
+    assert staged == expected and any(s.startswith("gpulens/capture/agent/") for s in staged)
+
+
+def test_import_linter_contracts_are_kept(installed):
+    done = lint_imports(installed.parent, installed)
     assert done.returncode == 0 and "0 broken" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     contracts = open(REPO / ".importlinter").read().count("[importlinter:contract:")
     assert f"{contracts} kept" in done.stdout  # every contract in the file was checked
@@ -65,13 +104,10 @@ def test_import_linter_contracts_are_kept():
 def test_a_planted_import_against_the_capture_layers_breaks_the_contract(tmp_path):
     """The wire room (the bottom layer) made to import the coordinator, in a copy of the sources that
     lint-imports finds first on its path: only `capture-layers` breaks, and it names the import."""
-    src = tmp_path / "src"
-    shutil.copytree(REPO / "gpulens", src / "gpulens", ignore=shutil.ignore_patterns("__pycache__", "*.json", "*.yml",
-                                                                                    "*.yaml", "*.md", "*.c"))
+    src = package_tree.stage(tmp_path / "src", ignore=PY_ONLY)
     labels = src / "gpulens" / "capture" / "wire" / "labels.py"
     labels.write_text(labels.read_text() + "\nfrom gpulens.capture.coordinator import events  # planted\n")
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    done = lint_imports(tmp_path, env)
+    done = lint_imports(tmp_path, src)
     out = done.stdout
     assert done.returncode != 0 and "1 broken" in out, out[-3000:] + done.stderr[-2000:]
     assert "gpulens.capture.wire.labels -> gpulens.capture.coordinator.events" in out, out[-3000:]
@@ -79,14 +115,15 @@ def test_a_planted_import_against_the_capture_layers_breaks_the_contract(tmp_pat
     assert len(broken) == 1 and "capture plane" in out.split("BROKEN")[0].rsplit("KEPT", 1)[-1], out[-3000:]
 
 
-def test_no_import_circles():
-    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
-    found = circles(graph, set(graph.modules))
+def test_no_import_circles(installed):
+    with graph_of(installed, *PACKAGES) as graph:
+        found = circles(graph, set(graph.modules))
     assert found == [], found
 
 
-def test_hooks_import_only_the_standard_library():
-    graph = grimp.build_graph("gpulens", include_external_packages=True, cache_dir=None)
+def test_hooks_import_only_the_standard_library(installed):
+    with graph_of(installed, "gpulens", include_external_packages=True) as graph:
+        pass
     hooks = {m for m in graph.modules if m == "gpulens.hooks" or m.startswith("gpulens.hooks.")}
     imported = set().union(*(graph.find_modules_directly_imported_by(m) for m in hooks))
     external = {m for m in imported if not m.startswith("gpulens.hooks")}

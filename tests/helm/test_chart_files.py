@@ -28,7 +28,7 @@ def _sync():
 def test_chart_copies_match_their_sources():
     sync = _sync()
     planned = sync.planned()
-    assert planned, "no sources (gpulens/alertrules/kubernetes/*.yaml, gpulens/dashboards/**/*.json)"
+    assert planned, "no sources (alertrules/kubernetes/*.yaml, dashboards/**/*.json)"
     stale = [str(p.relative_to(REPO)) for p, text in planned.items() if not p.exists() or p.read_text() != text]
     assert stale == [], f"run `python helm/gpulens/hack/sync_files.py`: stale {stale}"
     assert sync.main(["--check"]) == 0
@@ -36,7 +36,7 @@ def test_chart_copies_match_their_sources():
 
 def test_sync_check_notices_a_stale_copy(tmp_path, monkeypatch):
     sync = _sync()
-    assert sync.rules_text() is not None, "gpulens/alertrules/kubernetes/gpulens-prometheusrule.yaml is missing"
+    assert sync.rules_text() is not None, "alertrules/kubernetes/gpulens-prometheusrule.yaml is missing"
     chart = tmp_path / "gpulens"
     shutil.copytree(CHART_DIR, chart)
     (chart / "files" / "rules.yaml").write_text("groups: []\n")
@@ -45,7 +45,7 @@ def test_sync_check_notices_a_stale_copy(tmp_path, monkeypatch):
 
 
 def test_rendered_rules_equal_the_alertrules_manifest_except_link_bases():
-    source = REPO / "gpulens" / "alertrules" / "kubernetes" / "gpulens-prometheusrule.yaml"
+    source = REPO / "alertrules" / "kubernetes" / "gpulens-prometheusrule.yaml"
     want = yaml.safe_load(source.read_text())["spec"]
     got = one(render({"monitoring": {"prometheusRule": {"enabled": True}}}), "PrometheusRule", "")["spec"]
     assert got == want
@@ -64,7 +64,7 @@ def _project_urls() -> dict[str, str]:
 def test_default_runbook_links_open_files_in_the_repositorys_docs_runbooks():
     """Under the chart's default values every alert's runbook_url is the repository's docs base
     (pyproject's Runbooks URL, the chart's default, the source rules' base: one value) followed by
-    the name of a file that exists in gpulens/alertrules/runbooks/ — never a placeholder host."""
+    the name of a file that exists in alertrules/runbooks/ — never a placeholder host."""
     base = _project_urls()["Runbooks"].rstrip("/")
     assert base == DEFAULT_RUNBOOK_BASE_URL
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
@@ -73,7 +73,7 @@ def test_default_runbook_links_open_files_in_the_repositorys_docs_runbooks():
     spec = one(render({"monitoring": {"prometheusRule": {"enabled": True}}}), "PrometheusRule", "")["spec"]
     alerts = [r for g in spec["groups"] for r in g["rules"] if "alert" in r]
     assert alerts, "the default PrometheusRule has no alerts"
-    existing = {p.name for p in (REPO / "gpulens" / "alertrules" / "runbooks").glob("*.md")}
+    existing = {p.name for p in (REPO / "alertrules" / "runbooks").glob("*.md")}
     for alert in alerts:
         url = alert["annotations"]["runbook_url"]
         assert url.startswith(base + "/"), (alert["alert"], url)

@@ -1,5 +1,5 @@
 """The node's kernel-header mounts are optional: without them the image's bundled headers are used
-(gpulens/exporter/kheaders.py; the real compile in a container is tests/container/test_exporter_container.py)."""
+(exporter/kheaders.py; the real compile in a container is tests/container/test_exporter_container.py)."""
 
 from __future__ import annotations
 

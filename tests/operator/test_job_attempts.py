@@ -1,5 +1,5 @@
 """A plain batch Job's replacement pod is a new attempt: the webhook counts the Job's failures at
-admission (gpulens/capture/operator/job_attempts.py), against the test API server with the real client.
+admission (capture/operator/job_attempts.py), against the test API server with the real client.
 A failed or slow read never holds a pod up: it is armed as attempt 0 and the webhook says so."""
 
 from __future__ import annotations

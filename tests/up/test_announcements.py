@@ -35,7 +35,7 @@ def runner_for(tmp_path: Path, port_base: int = 0):
 
 class _Coordinator:
     """Stands for a coordinator's POST /v1/captures: accepts (202, created) the first request per id,
-    answers 200 created=false for a repeat, as the real one does (gpulens/capture/coordinator/server.py)."""
+    answers 200 created=false for a repeat, as the real one does (capture/coordinator/server.py)."""
 
     def __init__(self):
         self.ids: list[str] = []

@@ -28,7 +28,7 @@ from tests.conftest import missing
 from tests.up.test_local_operator import record
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = sorted((REPO / "gpulens" / "alertrules" / "rules").glob("*.yml"))
+RULES = sorted((REPO / "alertrules" / "rules").glob("*.yml"))
 PROMTOOL = "/usr/bin/promtool"
 
 
@@ -71,7 +71,7 @@ def test_generated_config_passes_promtool_and_discovers_the_capture_plane(tmp_pa
 def test_the_capture_alerts_select_these_jobs_and_only_them():
     """GPULensAgentDown selects by job name (as the chart's `<ns>/<release>-agent`); the failing-captures
     rule sums by namespace and pod, which every coordinator target carries."""
-    rules = {r["alert"]: r for g in yaml.safe_load((REPO / "gpulens/alertrules/rules/gpulens-capture.rules.yml").read_text())
+    rules = {r["alert"]: r for g in yaml.safe_load((REPO / "alertrules/rules/gpulens-capture.rules.yml").read_text())
              ["groups"] for r in g["rules"]}
     selector = re.search(r'up\{job=~"([^"]+)"\}', rules["GPULensAgentDown"]["expr"]).group(1)
     assert re.fullmatch(selector, AGENT_JOB)

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Copy the generated alert rules and dashboards into the chart's files/ (the chart cannot read
-outside its own folder). Run after regenerating gpulens/alertrules/ or gpulens/dashboards/:
+outside its own folder). Run after regenerating alertrules/ or dashboards/:
 
     python helm/gpulens/hack/sync_files.py            # write helm/gpulens/files/
     python helm/gpulens/hack/sync_files.py --check    # exit 1 when the chart's copies are stale
 
-Sources: the `spec` of gpulens/alertrules/kubernetes/gpulens-prometheusrule.yaml (the generated
-PrometheusRule) becomes files/rules.yaml; gpulens/dashboards/**/*.json (generated JSON) become
+Sources: the `spec` of alertrules/kubernetes/gpulens-prometheusrule.yaml (the generated
+PrometheusRule) becomes files/rules.yaml; dashboards/**/*.json (generated JSON) become
 files/dashboards/<name>.json. A missing source leaves the chart's copy as it is.
 """
 
@@ -21,9 +21,9 @@ import yaml
 
 CHART = Path(__file__).resolve().parent.parent
 REPO = CHART.parent.parent
-RULES_SOURCE = REPO / "gpulens" / "alertrules" / "kubernetes" / "gpulens-prometheusrule.yaml"
-DASHBOARDS_SOURCE = REPO / "gpulens" / "dashboards"
-HEADER = "# Copied by helm/gpulens/hack/sync_files.py from gpulens/alertrules/kubernetes/gpulens-prometheusrule.yaml: do not edit.\n"
+RULES_SOURCE = REPO / "alertrules" / "kubernetes" / "gpulens-prometheusrule.yaml"
+DASHBOARDS_SOURCE = REPO / "dashboards"
+HEADER = "# Copied by helm/gpulens/hack/sync_files.py from alertrules/kubernetes/gpulens-prometheusrule.yaml: do not edit.\n"
 
 
 class _Dumper(yaml.SafeDumper):
