@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# One build at a time on this machine (the test lanes, two clones): a second waits here, then finds
+# the image its context hash names already built.
+exec 9>"${TMPDIR:-/tmp}/gpulens-image-build.lock"
+flock 9
 say() { printf '[image] %s\n' "$*" >&2; }
 t0=$(date +%s.%N)
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(date +%s.%N)"; }

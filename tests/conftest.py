@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+#: the lanes the suite runs in side by side under xdist (scripts/test.sh; tests/lanes.py says why)
+pytest_plugins = ["tests.lanes"]
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 VENV_BIN = Path(sys.executable).parent
