@@ -1,4 +1,4 @@
-"""Test lanes: the suite as three pytest-xdist workers side by side, one lane each (issue 42).
+"""Test lanes: the suite as four pytest-xdist workers side by side, one lane each (issue 42).
 
 Most of the suite's time is spent waiting (Kubernetes and the image being built, pods, Prometheus
 windows, Kineto's polls, `gpulens up` demos), one test at a time, on a machine whose two cores sat
@@ -9,12 +9,13 @@ split), so what runs side by side is one test of each lane:
   cluster   tests/cluster: builds Kubernetes the first time, then waits on a real cluster
   images    tests/container and tests/e2e: builds the image, runs components in containers and
             `gpulens up` end to end
-  main      everything else
+  capture   tests/agent, coordinator, gateway, client, up: real Kineto in torch trainers, the soak
+  main      everything else (analysis, exporter, operator, foundation, helm, alert rules, ...)
 
 The lanes already keep their state apart (each test its own ports, tmp folders, socket folders and
 network-namespace names; the cluster's names, mounts and cgroups are its own and checked as such by
 tests/cluster/harness.machine_state), and each lane's session fixtures live in its own worker.
-`scripts/test.sh` runs `-n 3 --dist loadgroup`; run by hand without xdist (`-p no:xdist`, or one
+`scripts/test.sh` runs `-n 4 --dist loadgroup`; run by hand without xdist (`-p no:xdist`, or one
 file) the lanes do nothing but time themselves. At the end the terminal summary gives each lane's
 wall time and test count, which .ci/run shows with the closing line."""
 
@@ -25,7 +26,8 @@ import time
 import pytest
 
 #: folder prefix (relative to the repository) -> lane; anything else is "main"
-LANES = {"tests/cluster/": "cluster", "tests/container/": "images", "tests/e2e/": "images"}
+LANES = {"tests/cluster/": "cluster", "tests/container/": "images", "tests/e2e/": "images",
+         **{f"tests/{d}/": "capture" for d in ("agent", "coordinator", "gateway", "client", "up")}}
 KEY = "gpulens_lanes"
 
 
