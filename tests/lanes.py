@@ -57,6 +57,8 @@ class LaneClock:
 
 def pytest_configure(config) -> None:
     config.pluginmanager.register(LaneClock(), "gpulens-lane-clock")
+    # xdist declares it too; without xdist (-p no:xdist) the lanes still mark, and --strict-markers must know it
+    config.addinivalue_line("markers", "xdist_group(name): the lane a test runs in (tests/lanes.py)")
 
 
 @pytest.hookimpl(tryfirst=True)
