@@ -12,4 +12,4 @@ lanes=${GPULENS_TEST_LANES:-4}
 if [ "$lanes" = 0 ]; then
   exec .venv/bin/python -m pytest -p no:xdist "$@"
 fi
-exec .venv/bin/python -m pytest -n "$lanes" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "$lanes" "$@"

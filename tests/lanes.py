@@ -3,8 +3,9 @@
 Most of the suite's time is spent waiting (Kubernetes and the image being built, pods, Prometheus
 windows, Kineto's polls, `gpulens up` demos), one test at a time, on a machine whose two cores sat
 half idle. Every test belongs to one lane by its folder, and each lane runs whole on one worker, in
-collection order, one test at a time (xdist's `loadgroup`: a group is one unit of work and is never
-split), so what runs side by side is one test of each lane:
+collection order, one test at a time (`LaneScheduling`: xdist's scope scheduler with the lane as the
+scope, so a lane is one unit of work and is never split), so what runs side by side is one test of
+each lane:
 
   cluster   tests/cluster: builds Kubernetes the first time, then waits on a real cluster
   images    tests/container and tests/e2e: builds the image, runs components in containers and
@@ -12,12 +13,16 @@ split), so what runs side by side is one test of each lane:
   capture   tests/agent, coordinator, gateway, client, up: real Kineto in torch trainers, the soak
   main      everything else (analysis, exporter, operator, foundation, helm, alert rules, ...)
 
+(xdist's own `--dist loadgroup` cannot do this with pytest 9.2: it marks groups by rewriting
+`item._nodeid`, which pytest 9.2 no longer reads, so every test became its own unit and the
+cluster's package fixture came up in several workers at once.)
+
 The lanes already keep their state apart (each test its own ports, tmp folders, socket folders and
 network-namespace names; the cluster's names, mounts and cgroups are its own and checked as such by
 tests/cluster/harness.machine_state), and each lane's session fixtures live in its own worker.
-`scripts/test.sh` runs `-n 4 --dist loadgroup`; run by hand without xdist (`-p no:xdist`, or one
-file) the lanes do nothing but time themselves. At the end the terminal summary gives each lane's
-wall time and test count, which .ci/run shows with the closing line."""
+`scripts/test.sh` runs `-n 4`; run by hand without xdist (`-p no:xdist`, or GPULENS_TEST_LANES=0)
+the lanes do nothing but time themselves. At the end the terminal summary gives each lane's wall
+time and test count, just above pytest's closing line."""
 
 from __future__ import annotations
 
@@ -57,15 +62,18 @@ class LaneClock:
 
 def pytest_configure(config) -> None:
     config.pluginmanager.register(LaneClock(), "gpulens-lane-clock")
-    # xdist declares it too; without xdist (-p no:xdist) the lanes still mark, and --strict-markers must know it
-    config.addinivalue_line("markers", "xdist_group(name): the lane a test runs in (tests/lanes.py)")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
-    """Before xdist reads the groups (it suffixes each node id with its group)."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(lane_of(item.nodeid)))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler, the scope being the lane: one lane, one worker, collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return LaneScheduling(config, log)
 
 
 def _clock(config) -> LaneClock:
