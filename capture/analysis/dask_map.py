@@ -47,11 +47,11 @@ class ClusterPlan:
 
 
 def _json_bytes(artifact) -> int:
-    """The JSON a trace decompresses to, as far as the manifest tells (gzip: estimated)."""
-    for name in ("json_size", "uncompressed_size"):  # a manifest may record it (issue 27)
-        v = getattr(artifact, name, None)
-        if isinstance(v, int) and v > 0:
-            return v
+    """The JSON a trace decompresses to: the manifest's `sizes.uncompressed` (the agent counts it
+    while it verifies, issue 27), else estimated from the stored size (gzip: GZIP_EXPANSION)."""
+    v = (getattr(artifact, "sizes", None) or {}).get("uncompressed")
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
     return artifact.size * (GZIP_EXPANSION if artifact.uri.endswith(".gz") else 1)
 
 

@@ -211,3 +211,27 @@ def test_fewer_workers_when_they_would_not_fit(monkeypatch):
     per = WORKER_BASE_BYTES + JSON_FACTOR * (1 << 30)
     assert p.workers == max(1, int((10 << 30) * 0.9) // per) < 8 and "fit" in p.why
     assert re.search(r"only \d+ fit", p.why)
+
+
+def test_workers_are_sized_from_the_real_manifests_uncompressed_size(monkeypatch, shared_traces):
+    """Issue 43: the real `Artifact` (as a manifest file holds it), not a stand-in: the JSON size is
+    `sizes["uncompressed"]`, what the agent counted while it verified. A real Kineto trace that
+    compresses better than 12x (repeated names and keys) must not be sized as if it did not."""
+    import gzip as _gzip
+
+    from gpulens.capture.models import Manifest
+    monkeypatch.setattr("gpulens.capture.analysis.dask_map._total_memory", lambda: 256 << 30)
+    stored = (shared_traces / "hta_trace_filter_2rank" / "sampled_rank-0.json.gz").read_bytes()
+    json_bytes = len(_gzip.decompress(stored))          # a real Kineto trace: its own ratio, not a guess
+    art = {"target_id": "rank-0", "rank": 0, "local_rank": 0, "node": "n", "pod": "p", "pid": 1, "attempt": 0,
+           "uri": "file:///x/traces/rank-0.json.gz", "size": len(stored), "sha256": "0" * 64, "trace_id": None,
+           "sizes": {"budget": None, "estimate": None, "uncompressed": json_bytes, "stored": len(stored),
+                     "encoding": "gzip"}}
+    m = Manifest.from_dict({"schema_version": 1, "capture_id": "c-1", "job_id": "j", "attempt": 0,
+                            "window": {"requested_at": 0, "duration_ms": 1}, "expected_targets": [],
+                            "artifacts": [art], "failures": [], "created_at": 0})
+    plan = plan_cluster(m.artifacts, jobs=1, scheduler=None, memory_limit=None)
+    assert json_bytes > GZIP_EXPANSION * len(stored)     # this one compresses better than the guess
+    from gpulens.capture.analysis import dask_map
+    assert dask_map._json_bytes(m.artifacts[0]) == json_bytes   # the size that sizes the worker, read from the model
+    assert plan.memory_limit == max(MIN_WORKER_BYTES, WORKER_BASE_BYTES + JSON_FACTOR * json_bytes), plan.why
