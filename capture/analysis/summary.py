@@ -56,7 +56,8 @@ def _rank(entry: RankEntry, worker_of: dict[int, str]) -> dict[str, Any]:
 
 def _alignment(m, plan: RankPlan) -> dict[str, Any] | None:
     """Iteration-based captures: did every analysed rank trace the same iterations? The first and
-    last ProfilerStep#N per rank come from the agent's verification pass (the manifest)."""
+    last step per rank come from the agent's verification pass (the manifest). Ranks the capture
+    expected but cannot compare (not archived, excluded) are named, never counted as agreeing."""
     requested = m.request.get("iterations") if isinstance(m.request, dict) else None
     if not requested:
         return None
@@ -73,6 +74,8 @@ def _alignment(m, plan: RankPlan) -> dict[str, Any] | None:
     common = spans.most_common(1)[0][0] if spans else None
     misaligned = [r["rank"] for r in marked if (r["first"], r["last"]) != common]
     unmarked = [r["rank"] for r in per_rank if r["rank"] not in not_stepping and r["first"] is None]
+    # expected ranks this comparison cannot speak for (not archived, or excluded from analysis)
+    missing = sorted(e.rank for status in ("missing", "excluded") for e in plan.with_status(status))
     if not_stepping:
         why = (f"rank(s) {', '.join(map(str, not_stepping))} did not trace {int(requested)} optimizer steps (never "
                "stepped when the request arrived): Kineto traced a short time window instead of iterations")
@@ -82,12 +85,15 @@ def _alignment(m, plan: RankPlan) -> dict[str, Any] | None:
     elif unmarked:
         why = f"rank(s) {', '.join(map(str, unmarked))} have no ProfilerStep#N markers to check the iterations by"
     else:
-        why = f"every rank traced iterations {common[0]}..{common[1]}" if common else "no rank to check"
+        why = f"every archived rank traced iterations {common[0]}..{common[1]}" if common else "no rank to check"
+    if missing:
+        why += f"; rank(s) {', '.join(map(str, missing))} not archived or not analysed, so not compared"
     roundups = sorted({a.iterations["roundup"] for a in m.artifacts if a.iterations})
     return {"requested": int(requested), "roundup": roundups[0] if len(roundups) == 1 else None,
             "aligned": bool(marked) and not (not_stepping or misaligned or unmarked),
             "first": common[0] if common else None, "last": common[1] if common else None,
             "misaligned_ranks": misaligned, "not_stepping_ranks": not_stepping, "unmarked_ranks": unmarked,
+            "missing_ranks": missing,
             "per_rank": per_rank, "why": why}
 
 

@@ -205,7 +205,7 @@ def test_analysis_flags_ranks_whose_iterations_differ(builder, incident_traces):
     trace = incident_traces["none"]
     same = _iteration_capture(builder, trace, "c-it-same", {})["iterations"]
     assert same["aligned"] and (same["first"], same["last"], same["roundup"]) == (1100, 1104, 100)
-    assert same["misaligned_ranks"] == [] and "every rank traced iterations 1100..1104" == same["why"]
+    assert same["misaligned_ranks"] == [] and "every archived rank traced iterations 1100..1104" == same["why"]
     shifted = _iteration_capture(builder, trace, "c-it-shift", {"first": 1200, "last": 1204})
     it = shifted["iterations"]
     assert not it["aligned"] and it["misaligned_ranks"] in ([0], [1]) and "other iterations" in it["why"]
@@ -275,4 +275,22 @@ def test_a_loop_without_torch_profiler_is_aligned_by_the_hooks_step_numbers(buil
     schemas.validate("summary", summary)
     it = summary["iterations"]
     assert it["aligned"] and (it["first"], it["last"], it["roundup"]) == (581, 585, 1), it
-    assert it["why"] == "every rank traced iterations 581..585"
+    assert it["why"] == "every archived rank traced iterations 581..585"
+
+
+def test_alignment_with_a_rank_missing_says_every_archived_rank_and_names_the_missing(builder, incident_traces):
+    """Issue 43: two archived ranks agree, the third was never archived. The summary must not say
+    "every rank": it speaks for the archived ranks and names the one it could not compare."""
+    from dataclasses import replace
+    b = builder(capture_id="c-it-missing")
+    b.request = {"iterations": 5, "reason": {"kind": "manual"}}
+    trace = incident_traces["none"]
+    b.add(0, trace).add(1, trace).expect(2).fail(2, "trace_timeout", "no file by the deadline")
+    good = {"requested": 5, "roundup": 100, "first": 1100, "last": 1104, "optimizer_steps": 5, "stepped": True}
+    b.artifacts = [replace(a, iterations=good) for a in b.artifacts]
+    run = analyze_manifest(b.write().manifest_uri)
+    schemas.validate("summary", run.summary)
+    it = run.summary["iterations"]
+    assert it["missing_ranks"] == [2] and it["misaligned_ranks"] == []
+    assert it["why"].startswith("every archived rank traced iterations 1100..1104") and "rank(s) 2 not" in it["why"]
+    assert "every rank traced" not in it["why"]
