@@ -22,8 +22,8 @@ network-namespace names; the cluster's names, mounts and cgroups are its own and
 tests/cluster/harness.machine_state), and each lane's session fixtures live in its own worker.
 `GPULENS_TEST_LANES=4 scripts/test.sh` runs `-n 4`; the default (and CI) is still one process
 (`-p no:xdist`: the lanes do nothing but time themselves), until the one failure seen side by side is
-fixed at its root (scripts/test.sh says which). At the end the terminal summary gives each lane's wall
-time and test count, just above pytest's closing line."""
+fixed at its root (scripts/test.sh says which). At the end the terminal summary gives each lane's test count,
+the time spent in its tests and when it ran, just above pytest's closing line."""
 
 from __future__ import annotations
 

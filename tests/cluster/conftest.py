@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .harness import (BB, KUBECONFIG, NICE, NS, RELEASE, REPO, TOOLBOX, MachineState, cluster_sh, down,
+from .harness import (BB, KUBECONFIG, NS, RELEASE, REPO, TOOLBOX, MachineState, cluster_sh, down,
                       machine_state, readme_install, up, wait_until)
 from .workload import gateway
 
@@ -86,7 +86,7 @@ def load_gpulens_image(tmp_dir: Path) -> str:
     """The image/ room's image, built (cached by its context hash) and imported into every node."""
     if not (REPO / "image" / "build.sh").exists():
         pytest.fail("image/build.sh is missing: the cluster runs the image from the image room")
-    r = subprocess.run([*NICE, "bash", str(REPO / "image" / "build.sh")], capture_output=True, text=True, timeout=3000)
+    r = subprocess.run(["bash", str(REPO / "image" / "build.sh")], capture_output=True, text=True, timeout=3000)
     assert r.returncode == 0, r.stderr[-6000:]
     name = r.stdout.strip().splitlines()[-1]
     tar = tmp_dir / "gpulens.tar"

@@ -95,26 +95,10 @@ def forbidden_in_logs(api, namespace: str) -> dict[str, list[str]]:
     return out
 
 
-#: The suite's lanes run beside the cluster (tests/lanes.py): its CPU-bound builds (Kubernetes from
-#: source, the image) yield the processor to the other lanes' tests, whose timings they would skew.
-NICE = ["nice", "-n", "10"]
-
-
-def prebuild() -> None:
-    """cluster/deps.sh and cluster/build.sh (both idempotent and cached), niced, before `up` finds
-    them done: `up` itself, and the cluster it starts, keep their normal priority."""
-    for step in ("deps.sh", "build.sh"):
-        r = subprocess.run([*NICE, "bash", str(REPO / "cluster" / step)], capture_output=True, text=True,
-                           timeout=UP_TIMEOUT_S)
-        if r.returncode != 0:
-            raise RuntimeError(f"cluster/{step} failed ({r.returncode}):\n{r.stderr[-6000:]}")
-
-
 def up(nodes: int | None = None) -> float:
     """Start the cluster (`nodes`: the node count, else the environment's); returns the wall time.
     Raises with the script's stderr on failure."""
     t0 = time.monotonic()
-    prebuild()
     r = cluster_sh("up", timeout=UP_TIMEOUT_S, nodes=nodes)
     if r.returncode != 0:
         raise RuntimeError(f"cluster.sh up failed ({r.returncode}):\n{r.stderr[-6000:]}")
