@@ -32,8 +32,9 @@ from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
+from . import start_rules
 from .space import NodeDisk, artifact_sizes
-from .steps import StepLog, StepsUnreadable, first_traced_step
+from .steps import StepLog, StepsUnreadable
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
 from .triggers import Trigger
 from .verification import Expectation, Verdict, verify_trace
@@ -221,11 +222,10 @@ class Pipeline:
             return self._fail(rec, R.NO_DISK_SPACE, no_room)
         try:
             rec.log_file = log_file_for(worker.record.trace_dir, rec.capture_id, rec.target_id)
-            config = build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options,
-                                              iterations=spec.iterations or 0,
-                                              iteration_roundup=spec.iteration_roundup or 1,
-                                              start_iteration=spec.start_iteration,
-                                              max_gpu_buffer_mb=spec.budget.gpu_buffer_mb if spec.budget else None))
+            rec.late_start = rec.late_start or start_rules.late_start(spec, time.time())
+            config = self._config(rec)
+            if rec.late_start:
+                log.info("config.late_start", reason=rec.late_start[:300])
         except KinetoConfigError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"config refused: {exc}")
         rec.watch_path = str(watch_dir / os.path.basename(kineto_trace_path(rec.log_file, worker.record.pid)))
@@ -235,14 +235,20 @@ class Pipeline:
         last_trigger = spec.deadline - self.s.trace_overhead_s - spec.duration_ms / 1000
         unreachable = 0
         pid, job = worker.record.pid, worker.record.kineto_job_id
+        held_by: TargetRecord | None = None      # the last config this one waited behind, for the reasons
         while True:
             if rec.cancelled:
                 return self._fail(rec, R.CANCELLED, "cancelled before the config was queued")
-            missed = self._missed_before(rec)
+            missed = self._missed_before(rec, held_by)
             if missed is not None:
                 return self._fail(rec, R.MISSED_START, missed)
+            if rec.late_start is None and (late := start_rules.late_start(spec, time.time(), held_by)):
+                rec.late_start = late
+                config = self._config(rec)
+                log.info("config.late_start", reason=late[:300])
             holder = self._holder(rec)
             if holder is not None:
+                held_by = holder
                 detail = (f"pid {pid}'s Kineto may still hold capture {holder.capture_id} target {holder.target_id}'s "
                           f"config (queued at {_iso(holder.queued_at)}, no trace from it yet; {_holding(holder)}): "
                           f"Kineto would ignore a config sent now, so this one waits")
@@ -289,6 +295,23 @@ class Pipeline:
                 return self._fail(rec, R.PROCESS_GONE, f"pid {pid} exited before its config was queued")
             await asyncio.sleep(self.s.retry_interval_s)
 
+    def _config(self, rec: TargetRecord) -> str:
+        """The Kineto config for `rec`: at the capture's chosen instant, or on Kineto's own clock once
+        that instant can no longer be met (`rec.late_start`)."""
+        spec = rec.spec
+        while True:
+            start_ms = 0 if spec.iterations or rec.late_start else (spec.start_time_ms or 0)
+            try:
+                return build_config(TraceConfig(rec.log_file, spec.duration_ms, spec.activities, spec.options,
+                                                start_time_ms=start_ms, iterations=spec.iterations or 0,
+                                                iteration_roundup=spec.iteration_roundup or 1,
+                                                start_iteration=spec.start_iteration,
+                                                max_gpu_buffer_mb=spec.budget.gpu_buffer_mb if spec.budget else None))
+            except KinetoConfigError as exc:
+                if exc.field != "start_time_ms" or not start_ms:
+                    raise
+                rec.late_start = start_rules.late_start(spec, time.time()) or str(exc)   # crossed the line just now
+
     def _watch_dir(self, worker: Worker) -> Path:
         """Where the agent sees the trainer's trace dir: its own --trace-dir when that is the same
         folder (shared hostPath), else through the trainer's root (/proc/<pid>/root)."""
@@ -308,8 +331,9 @@ class Pipeline:
         me = _process_key(rec.worker)
         if me is None:
             return None
+        now = time.time()
         for other in self._unresolved.values():
-            if other.key != rec.key and _process_key(other.worker) == me:
+            if other.key != rec.key and _process_key(other.worker) == me and start_rules.holds_process(other, now):
                 return other
         return None
 
@@ -319,18 +343,9 @@ class Pipeline:
         except StepsUnreadable:
             return None
 
-    def _missed_before(self, rec: TargetRecord) -> str | None:
-        """Before queueing: is the rank already at or past the capture's start iteration? Kineto
-        would move a past start to its next step, silently out of line with the other ranks."""
-        start = rec.spec.start_iteration
-        if start is None:
-            return None
-        steps = self._step_log(rec)
-        if steps is None or steps.kineto_iteration < start:
-            return None   # behind it (or unknown: then the trace itself is checked after verification)
-        return (f"rank {rec.spec.rank} was already at Kineto iteration {steps.kineto_iteration} (optimizer step "
-                f"{steps.latest}) before its config could be queued; the capture starts every rank at iteration "
-                f"{start}, so this rank was not asked (the coordinator's --start-lead-s sets how far ahead it chooses)")
+    def _missed_before(self, rec: TargetRecord, held_by: TargetRecord | None) -> str | None:
+        """Before queueing: can this config still start where the capture starts every rank?"""
+        return start_rules.missed_before(rec.spec, self._step_log(rec), time.time(), held_by)
 
     # --- observe ------------------------------------------------------------------------------
 
@@ -344,7 +359,7 @@ class Pipeline:
             if found is not None:
                 return self._landed(rec, found)
             if rec.kineto_refusal is not None:  # Kineto's polls say it dropped the config (builtin)
-                if os.path.exists(rec.watch_path + ".tmp"):   # a stronger fact: it is writing this very trace
+                if start_rules.tmp_being_written(rec.watch_path):   # a stronger fact: it is writing this very trace
                     log.info("kineto.refusal_disproved", detail=rec.kineto_refusal[:200])
                     rec.kineto_refusal = None
                     continue
@@ -432,7 +447,9 @@ class Pipeline:
         assert path is not None
         verdict = await self._run_verifier(rec, path, self._expectation(rec, rec.observed_at))
         rec.verdict = verdict.to_dict()
-        rec.verdict.pop("collection", None)      # mapped to step numbers below; not worth keeping on disk
+        collection = rec.verdict.pop("collection", None)   # mapped to step numbers or kept as the window below
+        if not spec.iterations and collection:
+            rec.verdict["window_start"], rec.verdict["window_end"] = collection[0], collection[1]
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
         if verdict.stage_error:
@@ -447,19 +464,15 @@ class Pipeline:
                 # first; `collected_last` keeps how far the collection really went
                 last = traced[0] + spec.iterations - 1 if traced[1] - traced[0] + 1 >= spec.iterations else traced[1]
                 rec.verdict.update(step_first=traced[0], step_last=last, step_collected_last=traced[1])
-            if spec.start_iteration is not None and traced is not None \
-                    and traced[0] != first_traced_step(spec.start_iteration):
+            wrong = start_rules.misaligned(spec, traced)
+            if wrong is not None:
                 for misaligned in (path, verdict.stored_path):
                     try:
                         if misaligned:
                             os.unlink(misaligned)   # not this capture's photo; the detail keeps the facts
                     except OSError:
                         pass
-                return self._fail(rec, R.MISSED_START,
-                                  f"traced optimizer steps {traced[0]}..{traced[1]}, but the capture starts every rank "
-                                  f"at Kineto iteration {spec.start_iteration} (optimizer step "
-                                  f"{first_traced_step(spec.start_iteration)}): Kineto took the config after that "
-                                  f"iteration and started at its next step; the misaligned trace was not kept")
+                return self._fail(rec, R.MISSED_START, f"{wrong}; the misaligned trace was not kept")
         detail = f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}"
         if spec.iterations and not verdict.optimizer_steps and rec.verdict.get("step_first") is None:
             detail += "; NOT an iteration trace: the process never stepped an optimizer"
@@ -518,7 +531,8 @@ class Pipeline:
             attempt=spec.attempt, uri=uri, size=int(verdict.get("stored_size") or verdict["size"]),
             sha256=verdict["sha256"], sizes=artifact_sizes(spec, verdict),
             trace_id=rec.trace_id, event_count=verdict.get("event_count"),
-            iterations=None if not spec.iterations else _iterations(spec, verdict), worker_rank=spec.worker_rank)
+            iterations=None if not spec.iterations else start_rules.iterations_of(spec, verdict), worker_rank=spec.worker_rank,
+            window=start_rules.window_of(spec, verdict, rec.late_start))
         note = ""
         if rec.status.artifact.iterations and rec.status.artifact.iterations["numbering"] == "optimizer_step":
             it = rec.status.artifact.iterations
@@ -573,31 +587,8 @@ class Pipeline:
         """Why this config's trace can no longer appear, or None while it still might."""
         if not self._alive(rec):
             return "the process exited"
-        if rec.kineto_started_at is not None and rec.kineto_idle_at is not None:
-            # before the .tmp: Kineto renames its file before it goes idle, so a .tmp left behind
-            # after an idle poll is a write that failed, not one in progress
-            left = " (its .tmp was left behind: Kineto's rename failed)" if (
-                rec.watch_path and os.path.exists(rec.watch_path + ".tmp")) else ""
-            return f"Kineto's polls showed the trace run and end{left}"
-        if rec.watch_path and os.path.exists(rec.watch_path + ".tmp"):
-            return None                        # Kineto is writing it right now
-        spec, now = rec.spec, time.time()
-        if not spec.iterations:
-            # a time-based config starts 7 s after its fetch or never (Kineto cancels a late one)
-            fetched = rec.delivered_at or ((rec.queued_at or rec.accepted_at) + self.s.kineto_poll_s)
-            due = fetched + 7.0 + spec.duration_ms / 1000 + self.s.linger_write_s
-            return f"a time-based config fetched by {_iso(fetched)} is long past its window" if now > due else None
-        if spec.start_iteration is None:
-            return None                        # a round-up start may lie far ahead: only the longest linger ends it
-        steps = self._step_log(rec)
-        if steps is None or steps.kineto_iteration <= spec.start_iteration + spec.iterations:
-            return None
-        if not passed_at:
-            passed_at.append(now)
-        if now - passed_at[0] < self.s.linger_write_s:
-            return None
-        return (f"the rank stepped past iteration {spec.start_iteration + spec.iterations} (the window's end) "
-                f"{now - passed_at[0]:.0f} s ago and no file came")
+        return start_rules.never_written(rec, self._step_log(rec), time.time(), passed_at,
+                                         poll_s=self.s.kineto_poll_s, write_s=self.s.linger_write_s)
 
     async def _archive_late(self, rec: TargetRecord, found: ObservedFile, log) -> None:
         path = Path(found.path)
@@ -645,21 +636,6 @@ class Pipeline:
             path.parent.rmdir()  # only when empty
         except OSError:
             pass
-
-def _iterations(spec, verdict: dict) -> dict:
-    """The manifest's `iterations`: optimizer step numbers from the hook's counter when it mapped
-    the trace (every rank of an aligned capture has the same ones, with or without torch.profiler
-    in the loop), else the trace's own ProfilerStep#N markers."""
-    counted = verdict.get("step_first") is not None
-    steps = verdict["step_last"] - verdict["step_first"] + 1 if counted else int(verdict.get("optimizer_steps") or 0)
-    return {"requested": spec.iterations, "roundup": 1 if spec.start_iteration is not None else (spec.iteration_roundup or 1),
-            "start": spec.start_iteration,
-            "numbering": "optimizer_step" if counted else "profiler_step",
-            "first": verdict.get("step_first") if counted else verdict.get("first_step"),
-            "last": verdict.get("step_last") if counted else verdict.get("last_step"),
-            **({"collected_last": verdict.get("step_collected_last")} if counted else {}),
-            "optimizer_steps": steps, "stepped": steps > 0}
-
 
 def _holding(rec: TargetRecord) -> str:
     """What is known of a config still out with its process: the facts a waiting target names."""

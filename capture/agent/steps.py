@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import bisect
 import os
-import struct
 from dataclasses import dataclass
+
+from gpulens.hooks.site import _gpulens_steps as _format
 
 __all__ = ["StepLog", "read_steps", "StepsUnreadable", "kineto_iteration", "first_traced_step", "KINETO_FIRST_TRACED"]
 
-MAGIC = b"GLSTEPS1"
-HEADER = struct.Struct("<8sIIqq")
-ENTRY = struct.Struct("<qq")
-HEADER_SIZE = 64
+# The file's layout has one definition, the writer's: the hook's stdlib-only module, which this
+# reader imports as a module of the installed package (issue 47).
+MAGIC, HEADER, ENTRY, HEADER_SIZE, VERSION = (
+    _format.MAGIC, _format.HEADER, _format.ENTRY, _format.HEADER_SIZE, _format.VERSION)
 MAX_SLOTS = 1 << 16
 KINETO_FIRST_TRACED = 2   # first traced optimizer step count = PROFILE_START_ITERATION + this
 
@@ -94,7 +95,7 @@ def read_steps(path: str | os.PathLike) -> StepLog:
     if len(data) < HEADER_SIZE:
         raise StepsUnreadable(f"{path}: {len(data)} bytes, shorter than its header")
     magic, version, slots, latest, latest_ns = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version != 1:
+    if magic != MAGIC or version != VERSION:
         raise StepsUnreadable(f"{path}: not a gpulens step file (magic {magic!r}, version {version})")
     if not 1 <= slots <= MAX_SLOTS or len(data) < HEADER_SIZE + slots * ENTRY.size:
         raise StepsUnreadable(f"{path}: {slots} slots do not fit its {len(data)} bytes")

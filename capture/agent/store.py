@@ -60,6 +60,7 @@ class TargetRecord:
     kineto_refusal: str | None = None       # builtin only: why Kineto's polls show it dropped the config
     kineto_behind: str | None = None        # builtin only: Kineto held an earlier unstarted config when it fetched this one
     kineto_behind_id: str | None = None     # ... that config's trace id (refused only if it is still held at the deadline)
+    late_start: str | None = None           # wall clock: why the config went out with Kineto's own start, not the chosen one
     late_uri: str | None = None             # a trace that landed after the target ended, archived here
     lingering_since: float | None = None    # ended, its config out there: watched for a late trace since (a restart resumes it)
     observed_at: float | None = None

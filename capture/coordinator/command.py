@@ -92,6 +92,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--start-lead-s", type=float, default=12.0, metavar="S",
       help="iteration captures start every rank at one iteration this many seconds of the fastest rank's stepping "
            "ahead of the furthest rank (dispatch + Kineto's 5 s poll); a rank past it anyway ends missed_start")
+    a("--wall-start-lead-s", type=float, default=16.0, metavar="S",
+      help="wall-clock captures start every rank's window at one instant this long after dispatch (>= 13: the agent "
+           "needs 12 s before it to send the config: Kineto's <= 5 s poll, its 1 s profiler tick, 5 s warm-up, 1 s "
+           "slack); the manifest records it and each rank's actual start")
     a("--max-captures", type=int, default=200, help="finished captures kept in memory")
     a("--baseline-after-s", type=float, default=0.0, metavar="S",
       help="take one healthy baseline capture once the job has run S seconds (0: never; later reports compare "
@@ -160,7 +164,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             baseline_duration_ms=args.baseline_duration_ms, budget_mb=args.budget_mb,
             deadlines=DeadlinePolicy(start_delay_s=args.start_delay_s, archive_s=args.archive_margin_s,
                                      report_s=args.report_margin_s),
-            fanout=FanoutSettings(poll_interval_s=args.poll_interval_s, start_lead_s=args.start_lead_s))
+            fanout=FanoutSettings(poll_interval_s=args.poll_interval_s, start_lead_s=args.start_lead_s,
+                                  wall_start_lead_s=args.wall_start_lead_s))
         coordinator = Coordinator(settings, discovery, client, annotations=sink,
                                   analysis=analysis_for(args, api_client))
         coordinator.schedule_baseline()
@@ -223,6 +228,9 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--analysis-timeout-s must be > 0 and --analysis-ttl-s >= 0"
     if not args.archive_root.startswith(("file://", "s3://")):
         return "--archive-root must be file:///path or s3://bucket/prefix"
+    if not 13 <= args.wall_start_lead_s <= 300:
+        return ("--wall-start-lead-s must be 13..300: the agent needs 12 s (Kineto's poll, a profiler tick, its "
+                "warm-up) between sending the config and the start")
     return None
 
 

@@ -36,13 +36,19 @@ class DeadlinePolicy:
     max_start_delay_s: float = 120.0
     kineto_poll_s: float = 5.0      # the trainer polls for configs this often: traces start 0..5 s apart
 
-    def compute(self, requested_at: float, duration_ms: int, observed_start_delay_s: float | None = None) -> Deadlines:
+    def compute(self, requested_at: float, duration_ms: int, observed_start_delay_s: float | None = None, *,
+                starts_at: float | None = None) -> Deadlines:
+        """`starts_at`: the instant a wall-clock capture starts on every rank (the coordinator chose
+        it): the trace ends by then + the window, whatever the poll and warm-up would have added."""
         window = duration_ms / 1000.0
         start = self.start_delay_s
         if observed_start_delay_s is not None:
             start = min(max(start, observed_start_delay_s * 1.25), max(self.max_start_delay_s, self.start_delay_s))
         agent = requested_at + self.dispatch_s + start + window + self.write_s + self.write_per_window * window + self.archive_s
         quiet = requested_at + max(0.0, self.start_delay_s - self.kineto_poll_s) + window
+        if starts_at is not None:
+            agent = max(agent, starts_at + window + self.write_s + self.write_per_window * window + self.archive_s)
+            quiet = max(quiet, starts_at + window)
         return Deadlines(requested_at, agent, agent + self.report_s, quiet)
 
 

@@ -36,6 +36,8 @@ class FanoutSettings:
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 5.0
     start_lead_s: float = 12.0           # iteration captures start this far ahead of the furthest rank (dispatch + Kineto's 5 s poll)
+    wall_start_lead_s: float = 16.0      # wall-clock captures start this long after dispatch on every rank (issue 47):
+                                         # the agent's 12 s (poll, tick, warm-up, slack) + 4 s to reach it
 
 
 #: Kineto starts an iteration trace at the next multiple of the round-up after the step count it has
@@ -53,6 +55,7 @@ def dispatch_for(record: CaptureRecord, p: TargetProgress) -> Dispatch:
                     local_rank=t.local_rank, pod=t.pod or None, pod_uid=t.pod_uid or None,
                     requested_at=record.requested_at, options=r.options, iterations=r.iterations,
                     iteration_roundup=roundup, start_iteration=record.start_iteration if r.iterations else None,
+                    start_time_ms=None if r.iterations else record.start_time_ms,
                     budget=record.budget.budget if record.budget else None, worker_rank=t.worker_rank)
 
 

@@ -60,7 +60,7 @@ def build_manifest(record: CaptureRecord) -> Manifest:
                     requested_at=record.requested_at, duration_ms=record.request.duration_ms,
                     expected_targets=expected, artifacts=artifacts, failures=failures,
                     deadline=record.deadline, converged_at=record.converged_at, request=request,
-                    archive_prefix=record.archive_prefix)
+                    archive_prefix=record.archive_prefix, start_time_ms=record.start_time_ms)
 
 
 async def write_manifest(manifest: Manifest, prefix: str, *, attempts: int = 4, backoff_s: float = 1.0,

@@ -102,6 +102,7 @@ class CaptureRecord:
     annotation: dict[str, Any] = field(default_factory=lambda: {"state": "disabled"})
     alert_resolved_at: str | None = None
     start_iteration: int | None = None    # iteration captures: one absolute start for every rank (None: round-up)
+    start_time_ms: int | None = None      # wall-clock captures: one instant every rank starts at (issue 47)
     snapshot: Snapshot | None = None
     targets: dict[str, TargetProgress] = field(default_factory=dict)
     budget: Any = None                 # issue 27: the coordinator's BudgetPlan (budget.py)
@@ -186,6 +187,8 @@ class CaptureRecord:
         }
         if self.request.iterations:
             out["start_iteration"] = self.start_iteration
+        elif self.start_time_ms is not None:
+            out["start_time_ms"] = self.start_time_ms
         if self.phase in Phase.DONE:
             out["missing_ranks"] = self.missing_ranks()
         if full:

@@ -256,7 +256,15 @@ class Coordinator:
                 record.note("start_iteration", iteration=plan.iteration, detail=plan.detail)
                 clog.info("capture.start_iteration", iteration=plan.iteration, detail=plan.detail)
                 window_ms = max(window_ms, min(600_000, int(plan.window_s * 1000)))
-            d = self.settings.deadlines.compute(time.time(), window_ms, self.delays.estimate())
+                starts_at = None
+            else:
+                starts_at = time.time() + self.settings.fanout.wall_start_lead_s
+                record.start_time_ms = int(starts_at * 1000)
+                record.note("start_time", start_time_ms=record.start_time_ms,
+                            detail=f"every rank starts its window at this instant, "
+                                   f"{self.settings.fanout.wall_start_lead_s:g} s after dispatch (poll + warm-up + slack)")
+                clog.info("capture.start_time", start_time_ms=record.start_time_ms)
+            d = self.settings.deadlines.compute(time.time(), window_ms, self.delays.estimate(), starts_at=starts_at)
             record.agent_deadline, record.deadline, record.quiet_until = d.agent, d.coordinator, d.quiet_until
             record.set_phase(Phase.CAPTURING)
             self._annotate(record)

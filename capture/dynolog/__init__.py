@@ -8,14 +8,14 @@
 Facts and citations: shared/reference/dynolog-kineto-protocol.md and dynolog-observed.md.
 """
 
-from .config import KinetoConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
+from .config import MIN_START_LEAD_MS, KinetoConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
 from .ipc_server import Delivery, EndpointBusy, KinetoEndpoint
 from .kineto_watch import KinetoOutcome
 from .results import DynologRefused, OnDemandResult, PidOutcome, TriggerFailed
 from .rpc import DynologClient
 
 __all__ = [
-    "KinetoConfigError", "TraceConfig", "build_config", "kineto_trace_path", "log_file_for",
+    "MIN_START_LEAD_MS", "KinetoConfigError", "TraceConfig", "build_config", "kineto_trace_path", "log_file_for",
     "Delivery", "EndpointBusy", "KinetoEndpoint", "KinetoOutcome",
     "OnDemandResult", "PidOutcome", "TriggerFailed", "DynologRefused", "DynologClient",
 ]

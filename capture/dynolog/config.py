@@ -11,9 +11,11 @@ triggered. So every value is checked here, before anything is sent:
   without it several processes would write one file) and no `..` (newer Kineto refuses such paths);
 - only activity names every Kineto since 2023 knows (one unknown name kills the request);
 - no value may contain `=`, `#`, `..` or a line break;
-- `PROFILE_START_TIME=0` means "as soon as possible" (Kineto: parse time + 5 s warm-up + 2 s); an
-  explicit start must leave room for the poll (<= 5 s), a profiler tick (1 s) and the warm-up
-  (5 s), so it has to be at least 15 s in the future when built;
+- `PROFILE_START_TIME=0` means "as soon as possible" (Kineto: parse time + 5 s warm-up + 2 s, from
+  whatever tick it reads the config on); wall-clock captures send the explicit start the
+  coordinator chose for every rank (issue 47), which must leave room for the poll (<= 5 s), a
+  profiler tick (1 s), the warm-up (5 s) and a second of slack, so it has to be at least 12 s in
+  the future when built (the agent also checks it before each send: `start_rules`);
 - an iteration-based trace (section 4.4) sends `PROFILE_START_ITERATION=0` (always past, so Kineto
   starts at the next multiple of `PROFILE_START_ITERATION_ROUNDUP` after its current optimizer
   step count: one round-up for every rank of a capture gives them the same start iteration),
@@ -36,7 +38,7 @@ from ..models import CaptureOptions
 
 __all__ = ["KinetoConfigError", "TraceConfig", "build_config", "log_file_for", "kineto_trace_path", "MIN_START_LEAD_MS"]
 
-MIN_START_LEAD_MS = 15_000
+MIN_START_LEAD_MS = 12_000
 MAX_DURATION_MS = 600_000
 MAX_ITERATIONS = 10_000
 MAX_ROUNDUP = 1_000_000

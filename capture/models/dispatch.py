@@ -27,6 +27,7 @@ class Dispatch:
     iterations: int | None = None          # iteration-based trace of this many optimizer steps ...
     iteration_roundup: int | None = None   # ... starting at a multiple of this, the same for every rank
     start_iteration: int | None = None     # ... or at exactly this Kineto iteration (round-up 1), chosen by the coordinator
+    start_time_ms: int | None = None       # a wall-clock trace starts at this instant (ms since the epoch) on every rank
     budget: TraceBudget | None = None      # issue 27: bytes this rank's trace may take (the agent checks its disk)
     worker_rank: int | None = None         # issue 30: the worker's registered rank when `rank` is a serving capture's number
 

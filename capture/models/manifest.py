@@ -53,6 +53,9 @@ class Artifact:
     # issue 30: a serving capture numbers replicas apart in `rank`; this is the worker's own rank
     # (what its trace's distributedInfo.rank says). None: `rank` is the worker's own.
     worker_rank: int | None = None
+    # issue 47, wall-clock captures: when this rank's collection ran (unix s: start, end), the instant
+    # the capture chose for every rank (chosen_start) and how far this rank's start fell from it
+    window: dict[str, Any] | None = None
 
     @property
     def own_rank(self) -> int:
@@ -66,7 +69,7 @@ class Artifact:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("event_count", "iterations", "sizes", "worker_rank"):
+        for key in ("event_count", "iterations", "sizes", "worker_rank", "window"):
             if d[key] is None:
                 del d[key]
         return d
@@ -98,6 +101,7 @@ class Manifest:
     request: dict[str, Any] = field(default_factory=dict)
     archive_prefix: str | None = None
     created_at: float = field(default_factory=time.time)
+    start_time_ms: int | None = None    # wall-clock captures: the instant every rank's window was to start
 
     @property
     def fully_succeeded(self) -> bool:
@@ -114,6 +118,8 @@ class Manifest:
                                   "converged_at": self.converged_at}
         if self.deadline is not None:
             window["deadline"] = self.deadline
+        if self.start_time_ms is not None:
+            window["start_time_ms"] = self.start_time_ms
         out: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "capture_id": self.capture_id,
@@ -146,6 +152,7 @@ class Manifest:
             duration_ms=w["duration_ms"],
             deadline=w.get("deadline"),
             converged_at=w.get("converged_at"),
+            start_time_ms=w.get("start_time_ms"),
             expected_targets=[ExpectedTarget(**t) for t in data["expected_targets"]],
             artifacts=[Artifact(**a) for a in data["artifacts"]],
             failures=[Failure(**f) for f in data["failures"]],

@@ -30,7 +30,7 @@ import os
 import struct
 import time
 
-__all__ = ["StepPublisher", "steps_filename", "MAGIC", "STEPS_SLOTS", "HEADER", "ENTRY", "HEADER_SIZE"]
+__all__ = ["StepPublisher", "steps_filename", "MAGIC", "VERSION", "STEPS_SLOTS", "HEADER", "ENTRY", "HEADER_SIZE"]
 
 MAGIC = b"GLSTEPS1"
 VERSION = 1

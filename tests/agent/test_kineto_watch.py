@@ -136,3 +136,42 @@ def test_the_watch_alone_keeps_at_most_a_few_held_configs_per_process():
         w.on_fetch("k", 7, 41, str(i + 2), config(f"b{i}"))
     assert len(said) == 20 and all(o.held_trace_id == "1" for o in said)
     assert len(w._held["k"]) == 1
+
+
+def timed_config(name: str, lead_s: float) -> str:
+    """A wall-clock config with the explicit start the coordinator chooses (issue 47)."""
+    import time
+    return build_config(TraceConfig(f"/t/{name}.json", 1000, start_time_ms=int((time.time() + lead_s) * 1000)))
+
+
+def test_a_config_with_an_explicit_start_is_not_refused_while_it_waits_for_it():
+    """Idle polls long after the fetch are no refusal while the start (less Kineto's 5 s warm-up) is
+    ahead: the 8 s rule for Kineto's own start would have called this one dropped at the second poll."""
+    ep, clock, said = setup()
+    poll(ep, IDLE)
+    ep.trigger(timed_config("w", 20), [41], 7, trace_id="51")
+    poll(ep, IDLE)                     # fetched at ~start - 20 s
+    for _ in range(3):                 # +15 s: activation is due by start - 5 s = +15 s
+        clock.t += 5
+        poll(ep, IDLE)
+    assert said == []
+    clock.t += 5                       # +20 s, the start: 5 s past the due activation, still < 6 s
+    poll(ep, IDLE)
+    assert said == []
+    clock.t += 1.5                     # +21.5 s: idle past the start (+6 s after the activation was due)
+    poll(ep, IDLE)
+    assert [(o.kind, o.cause, o.trace_id) for o in said] == [("refused", "not_started", "51")]
+    text = said[0].describe()
+    assert "past the trace's start" in text and "insufficient time for warmup" in text and "free for the next" in text
+
+
+def test_a_config_with_an_explicit_start_that_runs_is_never_refused():
+    ep, clock, said = setup()
+    poll(ep, IDLE)
+    ep.trigger(timed_config("w", 20), [41], 7, trace_id="52")
+    poll(ep, IDLE)
+    clock.t += 15
+    poll(ep, BUSY)                     # activated at start - 5 s: warm-up, then collection
+    clock.t += 10
+    poll(ep, IDLE)                     # written and idle again
+    assert [(o.kind, o.trace_id) for o in said] == [("started", "52"), ("finished", "52")]

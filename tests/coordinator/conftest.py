@@ -22,7 +22,7 @@ AGENT_TOKEN = "agent-secret-token"
 FAST = DeadlinePolicy(start_delay_s=0.5, dispatch_s=0.5, write_s=0.2, write_per_window=0.0, archive_s=0.5,
                       report_s=0.5)
 FAST_FANOUT = FanoutSettings(poll_interval_s=0.05, max_poll_interval_s=0.2, backoff_initial_s=0.05,
-                             backoff_max_s=0.2)
+                             backoff_max_s=0.2, wall_start_lead_s=0.2)   # agent doubles: no Kineto to wait for
 
 
 def record(*, job: str = "train", attempt: int = 0, namespace: str = "ml", pod: str = "train-0",

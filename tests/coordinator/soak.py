@@ -133,9 +133,12 @@ class SoakNode:
         """The trainer's own log line where Kineto cancelled this target's time-based config (same
         pid, between queueing and the deadline), if there is one: a refusal with Kineto's evidence."""
         m = _QUEUED.search(target_detail)
-        if m is None:
+        if m is not None:
+            queued, pid, deadline = m.groups()
+        elif (r := _REFUSED.search(target_detail)) is not None:
+            pid, queued, deadline = r.groups()
+        else:
             return None
-        queued, pid, deadline = m.groups()
         for log in self.logs:
             for line in log.read_text(errors="replace").splitlines():
                 c = KINETO_CANCELLED.match(line)
@@ -181,6 +184,9 @@ def _stem(log_file: str) -> str:
 KINETO_CANCELLED = re.compile(r"^\w+:(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (\d+):\d+ \S+\] Not starting tracing - "
                               r"(insufficient time for warmup|start timestamp is in the past)")
 _QUEUED = re.compile(r"queued at (\d\d:\d\d:\d\d)Z, but no \S+_(\d+)\.json by the deadline (\d\d:\d\d:\d\d)Z")
+#: the builtin endpoint's own report of it (issue 47: `kineto_refused`, within two polls)
+_REFUSED = re.compile(r"Kineto in pid (\d+) fetched the config at (\d\d:\d\d:\d\d)Z and (?:did not run it|dropped it): "
+                      r"it was still idle \(accepting configs\) at (\d\d:\d\d:\d\d)Z")
 
 
 @dataclass
@@ -199,6 +205,21 @@ class CaptureResult:
     def unproven(self) -> list[str]:
         return [f"{tid}: {t['reason']}: {t['detail']}" for tid, t in self.targets.items()
                 if t["state"] != "archived" and t["reason"] not in PROVEN]
+
+    def unaligned_windows(self, within_s: float = 5.0) -> str | None:
+        """For a wall capture: an archived rank whose window did not start within one Kineto poll
+        (`within_s`) of the instant the coordinator chose, or windows that do not all overlap."""
+        if self.kind != "window":
+            return None
+        windows = {tid: t["window"] for tid, t in self.targets.items() if t["state"] == "archived"}
+        if any(w is None or "chosen_start" not in w for w in windows.values()):
+            return f"windows without the chosen start: {windows}"
+        late = {tid: w["start_skew_s"] for tid, w in windows.items() if not 0 <= w["start_skew_s"] <= within_s}
+        if late:
+            return f"starts off the chosen instant by {late}"
+        if windows and max(w["start"] for w in windows.values()) >= min(w["end"] for w in windows.values()):
+            return f"windows do not overlap: {windows}"
+        return None
 
     def misaligned(self) -> str | None:
         """For an iteration capture whose ranks were all archived: differing iterations, if any."""
@@ -299,7 +320,8 @@ class Soak:
         await self.coordinator.wait(record.capture_id)
         status = record.to_status(full=True)
         targets = {t["target_id"]: {"state": t["state"], "reason": t.get("reason"), "detail": t.get("detail"),
-                                    "iterations": (t.get("artifact") or {}).get("iterations")}
+                                    "iterations": (t.get("artifact") or {}).get("iterations"),
+                                    "window": (t.get("artifact") or {}).get("window")}
                    for t in status["targets"]}
         result = CaptureResult(record.capture_id, kind, time.time() - began, record.phase, targets,
                                record.start_iteration)
@@ -314,7 +336,7 @@ class Soak:
             for line in r.unproven():
                 nodes = [n for n in self.nodes if f"/{n.name}/" in line]
                 cancelled = next((c for n in nodes if (c := n.kineto_cancelled(line))), None)
-                if cancelled and line.split(": ", 2)[1] == "trace_timeout":
+                if cancelled and line.split(": ", 2)[1] in ("trace_timeout", "kineto_refused"):
                     self.kineto_cancellations.append(f"{r.capture_id} {line.split(':')[0]}: {cancelled}")
                     continue
                 out.append(f"{r.capture_id} {line} || " + " | ".join(n.explain(line) for n in nodes))

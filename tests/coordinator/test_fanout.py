@@ -170,3 +170,32 @@ def test_agents_are_polled_less_often_while_no_trace_can_exist_yet():
     assert w._next_interval(3) == 1                 # traces may land now: the normal interval
     w.answering = False
     assert w._next_interval(1) == 2 and w._next_interval(4) == 5   # an agent that does not answer: back off
+
+
+async def test_a_wall_capture_starts_every_rank_at_one_instant_the_coordinator_chose(tmp_path, http):
+    """Issue 47: no rank's Kineto derives its own start from the tick it read the config on. Every
+    dispatch of a wall capture carries the same absolute start, that far ahead of the dispatch, and
+    the manifest records it; an iteration capture carries none (it has its start iteration)."""
+    import time as _time
+
+    from gpulens.capture.coordinator.fanout import FanoutSettings
+
+    from .conftest import FAST_FANOUT
+    write_job(tmp_path / "registry", pods=TWO_PODS, local_world_size=2)
+    fanout = FanoutSettings(**{**FAST_FANOUT.__dict__, "wall_start_lead_s": 3.0})
+    da, db = AgentDouble("node-a", AGENT_TOKEN), AgentDouble("node-b", AGENT_TOKEN)
+    async with RunningAgent(da) as a, RunningAgent(db) as b:
+        c = make_coordinator(tmp_path, http, {"node-a": a.url, "node-b": b.url}, fanout=fanout)
+        before = _time.time()
+        rec, _ = c.start(CaptureRequest(job_id="train", duration_ms=200))
+        await c.wait(rec.capture_id)
+        it, _ = c.start(CaptureRequest(job_id="train", duration_ms=200, iterations=2))
+        await c.wait(it.capture_id)
+        await c.close()
+    starts = {e.dispatch.start_time_ms for d in (da, db) for e in d.captures[rec.capture_id].values()}
+    assert len(starts) == 1 and sum(len(d.captures[rec.capture_id]) for d in (da, db)) == 4
+    [start] = starts
+    assert before + 3.0 <= start / 1000 <= before + 3.0 + 2.0, (start / 1000 - before)
+    assert manifest_of(rec).start_time_ms == start
+    assert json.loads(open(rec.manifest_uri.removeprefix("file://")).read())["window"]["start_time_ms"] == start
+    assert {e.dispatch.start_time_ms for d in (da, db) for e in d.captures[it.capture_id].values()} == {None}

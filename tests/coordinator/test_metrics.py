@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpulens.capture.agent.client import AgentClient
 from gpulens.capture.agent.runtime import start_agent
-from gpulens.capture.coordinator import DeadlinePolicy, make_app
+from gpulens.capture.coordinator import DeadlinePolicy, FanoutSettings, make_app
 from gpulens.capture.wire.auth import Credentials, SecretFile
 from gpulens.capture.models import CaptureRequest
 from tests.agent.test_agent import TOKEN as AGENT_TOKEN
 from tests.agent.test_agent import Node
 
-from .conftest import make_coordinator
+from .conftest import FAST_FANOUT, make_coordinator
 from .servers import serving
 
 COORDINATOR_TOKEN = "coordinator-token"
@@ -71,8 +71,10 @@ async def test_a_capture_moves_the_agent_and_coordinator_counters_by_exactly_wha
     (tmp_path / "agent.token").write_text(AGENT_TOKEN)
     (tmp_path / "c.token").write_text(COORDINATOR_TOKEN)
     try:
+        # a real agent: the wall capture's start must leave it the 12 s Kineto needs (issue 47)
+        fanout = FanoutSettings(**{**FAST_FANOUT.__dict__, "wall_start_lead_s": FanoutSettings().wall_start_lead_s})
         c = make_coordinator(tmp_path, http, {"node-1": running.url}, registry=node.base / "reg", namespace="ns",
-                             policy=POLICY, archive_root=node.archive_root)
+                             policy=POLICY, archive_root=node.archive_root, fanout=fanout)
         async with serving(make_app(c, Credentials(tokens=(SecretFile(tmp_path / "c.token"),)))) as url:
             a0, c0 = await scrape(http, running.url), await scrape(http, url)
             # open /metrics, closed API: no token is 401 on both servers' other routes
