@@ -10,11 +10,13 @@ staged by tests/package_tree.py."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import grimp
 import pytest
@@ -140,3 +142,44 @@ def test_the_circle_check_finds_a_planted_circle(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     graph = grimp.build_graph("planted", cache_dir=None)
     assert circles(graph, set(graph.modules)) == [["planted.a", "planted.b"]]
+
+
+def site_imports(folder: Path) -> dict[str, set[str]]:
+    """The top-level module names each trainer-side file of `folder` imports, at any depth (a lazy import
+    inside a function runs in the trainer as surely as one at the top)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        found[path.name] = names
+    return found
+
+
+def not_stdlib(folder: Path) -> dict[str, list[str]]:
+    """Per file, what it imports that is neither the standard library nor a sibling in `folder`."""
+    own = {p.stem for p in folder.glob("*.py")}
+    allowed = set(sys.stdlib_module_names) | own | {"__future__"}
+    return {f: sorted(n - allowed) for f, n in site_imports(folder).items() if n - allowed}
+
+
+def test_the_trainer_side_hook_files_import_only_the_standard_library():
+    """What trainer images import is hooks/site/ (sitecustomize and its `_gpulens_*` siblings, put on the
+    trainer's PYTHONPATH), not gpulens.hooks: the contract above cannot see those files (a folder of
+    top-level modules, no package), so they are read here, every import at every depth (issue 43)."""
+    site = REPO / "hooks" / "site"
+    assert {"sitecustomize.py", "_gpulens_hook.py", "_gpulens_steps.py"} <= set(site_imports(site))
+    assert not_stdlib(site) == {}
+
+
+def test_a_planted_third_party_import_in_the_trainer_side_files_is_found(tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "hooks" / "site", site, ignore=shutil.ignore_patterns("__pycache__"))
+    steps = site / "_gpulens_steps.py"
+    steps.write_text(steps.read_text() + "\n\ndef _planted():\n    import numpy.linalg  # planted\n")
+    hook = site / "_gpulens_hook.py"
+    hook.write_text(hook.read_text() + "\nfrom gpulens.capture import wire  # planted\n")
+    assert not_stdlib(site) == {"_gpulens_steps.py": ["numpy"], "_gpulens_hook.py": ["gpulens"]}
