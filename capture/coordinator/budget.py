@@ -4,11 +4,12 @@ Every capture has a budget of uncompressed trace JSON per rank (the request's `b
 coordinator's `--budget-mb`, 200 by default: docs/coordinator.md, "Trace budget"). The coordinator
 estimates what the request would write per rank and fits it:
 
-- **bytes per unit**, measured when it can: the job's last capture that archived a trace, its
-  largest rank's uncompressed bytes per optimizer step (iteration captures) or per second of window
-  (time captures), divided by the payload factor of that capture's options. Otherwise a
-  conservative start (`CONSERVATIVE_PER_ITERATION`, `CONSERVATIVE_PER_SECOND`) that the first
-  capture corrects.
+- **bytes per unit**, measured when it can: over every capture of the job that archived a trace,
+  the largest rank's uncompressed bytes per optimizer step (iteration captures) or per second of
+  window (time captures), divided by the payload factor of that capture's options, the largest
+  of each kind (`combined`: alternating wall and iteration captures each keep their own measure).
+  Otherwise a conservative start (`CONSERVATIVE_PER_ITERATION`, `CONSERVATIVE_PER_SECOND`) that the
+  first capture of that kind corrects.
 - **payload options** multiply it (`OPTION_FACTORS`): `record_shapes`, `with_stack`,
   `profile_memory`, `with_flops` add args and events to every op.
 - **fit**: iterations (or the window) are cut to what `HEADROOM` of the budget holds. When not even
@@ -30,7 +31,7 @@ from typing import Any
 from gpulens.capture.models import CaptureOptions, CaptureRequest, Manifest, TraceBudget
 from gpulens.capture.models.budget import DEFAULT_BUDGET_MB, MIB
 
-__all__ = ["BudgetRefused", "BudgetPlan", "Measured", "plan_budget", "measured_from", "OPTION_FACTORS",
+__all__ = ["BudgetRefused", "BudgetPlan", "Measured", "plan_budget", "measured_from", "combined", "OPTION_FACTORS",
            "CONSERVATIVE_PER_ITERATION", "CONSERVATIVE_PER_SECOND", "HEADROOM", "MIN_WINDOW_MS", "DEFAULT_BUDGET_MB"]
 
 #: published per-rank, per-step sizes start at ~5 MB for a debug-size model (torchtitan) and reach
@@ -50,11 +51,17 @@ class BudgetRefused(ValueError):
 
 @dataclass(frozen=True)
 class Measured:
-    """The job's trace size as its last capture showed it, without that capture's payload factor."""
+    """The job's trace size as its captures showed it, without their payload factors."""
 
     per_iteration: float | None = None
     per_second: float | None = None
-    capture_id: str = ""
+    capture_id: str = ""              # the capture that measured per_iteration (or per_second, alone)
+    per_second_from: str = ""         # the capture that measured per_second, when combined
+    captures: int = 1                 # how many of the job's captures were measured
+
+    def source(self, kind: str) -> str:
+        ids = self.per_second_from or self.capture_id if kind == "second" else self.capture_id
+        return f"capture {ids}" + (f" (largest of {self.captures} measured captures)" if self.captures > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,19 @@ def measured_from(manifest: Manifest, request: CaptureRequest) -> Measured | Non
     return Measured(per_it, per_s, manifest.capture_id)
 
 
+def combined(measures: "list[Measured]") -> Measured | None:
+    """Every measured capture of the job as one measure: per kind, the largest (a budget is a cap)."""
+    if not measures:
+        return None
+    its = [m for m in measures if m.per_iteration]
+    secs = [m for m in measures if m.per_second]
+    it = max(its, key=lambda m: m.per_iteration) if its else None
+    sec = max(secs, key=lambda m: m.per_second) if secs else None
+    return Measured(it.per_iteration if it else None, sec.per_second if sec else None,
+                    capture_id=(it or sec).capture_id, per_second_from=sec.capture_id if sec else "",
+                    captures=len(measures))
+
+
 def plan_budget(request: CaptureRequest, *, default_mb: int = DEFAULT_BUDGET_MB,
                 measured: Measured | None = None) -> BudgetPlan:
     """The request fitted to its budget, or BudgetRefused."""
@@ -101,13 +121,13 @@ def plan_budget(request: CaptureRequest, *, default_mb: int = DEFAULT_BUDGET_MB,
     iterative = bool(request.iterations)
     if iterative:
         base = measured.per_iteration if measured and measured.per_iteration else None
-        basis = (f"{_mib(base)} per iteration measured by capture {measured.capture_id}" if base
-                 else f"{_mib(CONSERVATIVE_PER_ITERATION)} per iteration (conservative: no capture of this job measured yet)")
+        basis = (f"{_mib(base)} per iteration measured by {measured.source('iteration')}" if base
+                 else f"{_mib(CONSERVATIVE_PER_ITERATION)} per iteration (conservative: no iteration capture of this job measured yet)")
         base = base or CONSERVATIVE_PER_ITERATION
     else:
         base = measured.per_second if measured and measured.per_second else None
-        basis = (f"{_mib(base)} per second measured by capture {measured.capture_id}" if base
-                 else f"{_mib(CONSERVATIVE_PER_SECOND)} per second (conservative: no capture of this job measured yet)")
+        basis = (f"{_mib(base)} per second measured by {measured.source('second')}" if base
+                 else f"{_mib(CONSERVATIVE_PER_SECOND)} per second (conservative: no wall-clock capture of this job measured yet)")
         base = base or CONSERVATIVE_PER_SECOND
     options, changes = request.options, []
     while True:

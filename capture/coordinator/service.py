@@ -26,7 +26,7 @@ from gpulens.ground.logs import get_logger
 from .agents import AgentFleet, AgentFailure
 from .analysis_runner import AnalysisRunner
 from .archived import list_kept, read_archived
-from .budget import DEFAULT_BUDGET_MB, BudgetRefused, measured_from, plan_budget
+from .budget import DEFAULT_BUDGET_MB, BudgetRefused, combined, measured_from, plan_budget
 from .deadlines import DeadlinePolicy, DelayTracker
 from .discovery import Discovery, DiscoveryError
 from .fanout import AgentWorker, FanoutSettings
@@ -155,13 +155,11 @@ class Coordinator:
         return record, True
 
     def _measured(self):
-        """Trace size per iteration / second from the newest capture of this job that archived one."""
-        for record in reversed(self.captures.values()):
-            if record.phase in Phase.DONE and record.targets:
-                measured = measured_from(build_manifest(record), record.request)
-                if measured is not None:
-                    return measured
-        return None
+        """Trace size per iteration and per second over every capture of this job that archived one
+        (each kind its own: a wall capture says nothing of an iteration's size, nor the reverse)."""
+        found = [m for record in self.captures.values() if record.phase in Phase.DONE and record.targets
+                 if (m := measured_from(build_manifest(record), record.request)) is not None]
+        return combined(found)
 
     def cancel(self, capture_id: str) -> CaptureRecord | None:
         record = self.captures.get(capture_id)

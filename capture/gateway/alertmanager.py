@@ -17,6 +17,7 @@ __all__ = ["Alert", "PayloadError", "parse_payload", "AUTO_LABEL", "JOB_LABEL", 
 AUTO_LABEL = "gpulens_capture"   # "auto": this alert asks for a capture
 JOB_LABEL = "gpulens_job"        # the job id (GPULENS_JOB_ID); absent: route by namespace/pod
 WORKLOAD_LABEL = "gpulens_workload"   # "Deployment/<name>", "job/<id>", ...: a serving kind makes replica captures
+BUDGET_ANNOTATION = "gpulens_budget_mb"   # uncompressed trace MiB per rank for this alert's captures (1..65536)
 
 
 class PayloadError(ValueError):

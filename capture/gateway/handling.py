@@ -23,7 +23,7 @@ from gpulens.capture.models import CaptureReason, CaptureRequest, new_capture_id
 from gpulens.capture.schemas import SchemaError
 from gpulens.ground.logs import get_logger
 
-from .alertmanager import JOB_LABEL, WORKLOAD_LABEL, Alert
+from .alertmanager import BUDGET_ANNOTATION, JOB_LABEL, WORKLOAD_LABEL, Alert
 from .ledger import AlertEntry, CaptureEntry, Ledger
 from .routing import Route, Router, Unroutable, deployment_revision, serving_kind
 
@@ -104,6 +104,24 @@ class Gateway:
                 return await self._firing(alert, route)
             return await self._resolved(alert, route)
 
+    @staticmethod
+    def _alert_budget(alert: Alert) -> int | None:
+        """The alert's `gpulens_budget_mb` annotation, or None (the coordinator's --budget-mb). A value
+        that is not an integer in 1..65536 is logged and left out: the capture still runs, priced by
+        the coordinator's default, rather than be lost to a typo in a rule file."""
+        raw = alert.annotations.get(BUDGET_ANNOTATION)
+        if raw is None:
+            return None
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            value = 0
+        if 1 <= value <= 65536:
+            return value
+        log.warning("alert.bad_budget", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"),
+                    value=raw[:100], detail=f"{BUDGET_ANNOTATION} must be an integer MiB in 1..65536: ignored")
+        return None
+
     def _alert_request(self, alert: Alert, capture_id: str) -> dict[str, Any]:
         reason = CaptureReason(kind="alert", alertname=alert.labels.get("alertname"), fingerprint=alert.fingerprint,
                                starts_at=alert.starts_at, diagnosis=alert.labels.get("diagnosis"),
@@ -118,10 +136,12 @@ class Gateway:
             return CaptureRequest(job_id="", duration_ms=s.serving_duration_ms, activities=s.activities,
                                   reason=reason, requested_by="alertmanager", capture_id=capture_id,
                                   pods=(pod,) if pod else (), peers=s.serving_peers if pod else None,
-                                  replicas=None if pod else s.serving_peers + 1).to_dict()
+                                  replicas=None if pod else s.serving_peers + 1,
+                                  budget_mb=self._alert_budget(alert)).to_dict()
         return CaptureRequest(job_id="", duration_ms=s.duration_ms, activities=s.activities, reason=reason,
                               requested_by="alertmanager", capture_id=capture_id, iterations=s.iterations or None,
-                              iteration_roundup=s.iteration_roundup if s.iterations else None).to_dict()
+                              iteration_roundup=s.iteration_roundup if s.iterations else None,
+                              budget_mb=self._alert_budget(alert)).to_dict()
 
     async def _firing(self, alert: Alert, route: Route) -> Outcome:
         entry = self.ledger.alerts.get(alert.key)

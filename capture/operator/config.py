@@ -46,6 +46,9 @@ class CoordinatorConfig:
     analysis_resources: Mapping[str, Any] = field(default_factory=dict)
     analysis_timeout_s: float = 1800.0
     analysis_ttl_s: int = 3600
+    budget_mb: int = 200                         # --budget-mb (coordinator/command.py's defaults, one place each)
+    start_lead_s: float = 12.0                   # --start-lead-s
+    wall_start_lead_s: float = 16.0              # --wall-start-lead-s
     analysis_scheduler: str = ""                 # tcp://...: analysis Jobs submit ranks to this Dask cluster
     cluster_role: str = "gpulens-coordinator"
     service_account_annotations: Mapping[str, str] = field(default_factory=dict)

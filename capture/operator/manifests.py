@@ -107,6 +107,9 @@ def coordinator_args(cc: Mapping[str, Any], config: OperatorConfig) -> list[str]
             "--token-file", f"{TOKENS_MOUNT}/coordinator",
             "--agent-token-file", f"{TOKENS_MOUNT}/agent",
             "--analysis", c.analysis,
+            "--budget-mb", str(c.budget_mb),
+            "--start-lead-s", f"{c.start_lead_s:g}",
+            "--wall-start-lead-s", f"{c.wall_start_lead_s:g}",
             "--state-dir", STATE_DIR]
     if spec["archive"].get("s3Endpoint"):
         args += ["--s3-endpoint", spec["archive"]["s3Endpoint"]]

@@ -8,6 +8,9 @@ captured twice through an in-process coordinator and a real agent with the built
 2. a budget of a few MiB, smaller than 10 of those iterations, makes the coordinator choose fewer
    iterations from that measurement; the agent archives a trace of exactly that many optimizer
    steps whose uncompressed size is within the budget, gzip, as the manifest says.
+
+A wall-clock capture runs between the two, and another after: each kind is priced from the job's
+captures of that kind however they alternate (issue 43), never "conservative" once one was measured.
 """
 
 from __future__ import annotations
@@ -78,6 +81,13 @@ async def test_a_few_mib_budget_chooses_fewer_iterations_and_the_trace_stays_ins
                 per_iteration = art.sizes["uncompressed"] / 4
                 assert per_iteration > 256 << 10, per_iteration      # the trainer is heavy per iteration
 
+                # a wall-clock capture between the two (issue 43): it measures the job per second and
+                # must not hide the iteration measure from the next iteration capture
+                wall, _ = c.start(CaptureRequest(job_id=JOB, duration_ms=500, activities=("cpu_op",)))
+                assert "conservative: no wall-clock capture of this job measured yet" in wall.budget.budget.basis
+                await c.wait(wall.capture_id)
+                assert wall.phase == Phase.CONVERGED and wall.fully_succeeded, wall.to_status(full=True)
+
                 # 2. a few MiB, less than 10 such iterations: fewer are chosen, and the trace fits
                 budget_mb = max(2, math.ceil(per_iteration * 4 / MIB))
                 assert budget_mb <= 8 and budget_mb * MIB < 10 * per_iteration
@@ -87,8 +97,13 @@ async def test_a_few_mib_budget_chooses_fewer_iterations_and_the_trace_stays_ins
                 assert 1 <= chosen < 10, second.budget.changes
                 assert f"iterations 10 -> {chosen}" in second.budget.changes[0]
                 assert f"measured by capture {first.capture_id}" in second.budget.budget.basis
+                assert "largest of 2 measured captures" in second.budget.budget.basis
                 await c.wait(second.capture_id)
                 assert second.phase == Phase.CONVERGED and second.fully_succeeded, second.to_status(full=True)
+                # and the next wall-clock request is priced from the wall capture, two captures back
+                again, _ = c.start(CaptureRequest(job_id=JOB, duration_ms=500, activities=("cpu_op",)))
+                assert f"per second measured by capture {wall.capture_id}" in again.budget.budget.basis
+                await c.wait(again.capture_id)
             finally:
                 await c.close()
     finally:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpulens.capture.coordinator.budget import (CONSERVATIVE_PER_ITERATION, BudgetRefused, Measured, measured_from,
-                                        plan_budget)
+from gpulens.capture.coordinator.budget import (CONSERVATIVE_PER_ITERATION, BudgetRefused, Measured, combined,
+                                                measured_from, plan_budget)
 from gpulens.capture.coordinator.service import RequestMismatch
 from gpulens.capture.dynolog import TraceConfig, build_config
 from gpulens.capture.models import Artifact, CaptureOptions, CaptureRequest, ExpectedTarget, Manifest
@@ -108,3 +108,20 @@ async def test_the_coordinator_refuses_before_dispatch_and_sends_the_budget_with
     m = Manifest.from_json(open(rec.manifest_uri.removeprefix("file://")).read())
     assert m.request["budget"]["budget_bytes"] == 16 * MIB
     assert m.request["budget"]["changes"] == ["window 2000 ms -> 800 ms: ~16.0 MiB per second, the budget is 16 MiB"]
+
+
+def test_every_measured_capture_counts_each_kind_its_own_largest():
+    """Alternating kinds (issue 43): the newest capture being a wall one says nothing of an iteration."""
+    got = combined([Measured(per_iteration=1 * MIB, capture_id="c-it-small"),
+                    Measured(per_second=3 * MIB, capture_id="c-wall"),
+                    Measured(per_iteration=2 * MIB, capture_id="c-it-big"),
+                    Measured(per_second=1 * MIB, capture_id="c-wall-newest")])
+    assert got.per_iteration == 2 * MIB and got.per_second == 3 * MIB and got.captures == 4
+    it = plan_budget(CaptureRequest(job_id="train", duration_ms=30_000, iterations=4), measured=got)
+    assert "per iteration measured by capture c-it-big (largest of 4 measured captures)" in it.budget.basis
+    wall = plan_budget(CaptureRequest(job_id="train", duration_ms=1000), measured=got)
+    assert "per second measured by capture c-wall (" in wall.budget.basis
+    only_wall = combined([Measured(per_second=3 * MIB, capture_id="c-wall")])
+    plan = plan_budget(CaptureRequest(job_id="train", duration_ms=30_000, iterations=4), measured=only_wall)
+    assert "conservative: no iteration capture of this job measured yet" in plan.budget.basis
+    assert combined([]) is None

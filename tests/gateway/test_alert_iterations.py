@@ -78,3 +78,30 @@ async def test_bad_iteration_flags_are_refused_with_exit_2(tmp_path):
         code, out = await run_cli("gateway", "--token-file", str(ok), "--coordinator-token-file", str(ok),
                                   "--route", "ml/train=http://127.0.0.1:9", *flags)
         assert code == 2 and "--iterations takes 0..10000" in out, (flags, code, out)
+
+
+async def test_an_alerts_budget_annotation_prices_its_capture_and_a_bad_one_is_ignored_said(stack, http, tmp_path):
+    """Issue 43: an alert rule can carry a budget (`gpulens_budget_mb` annotation): the real coordinator
+    prices the capture with it and every rank's dispatch carries it; a value that is no MiB count is
+    logged and the capture runs on the coordinator's default."""
+    gw, url = await gateway_process(stack, tmp_path)
+    try:
+        a = alert("fp-budget")
+        a["annotations"]["gpulens_budget_mb"] = "64"
+        async with http.post(url + "/v1/alertmanager", json=payload(a), headers=BEARER) as r:
+            cid = (await r.json())["results"][0]["capture_id"]
+        assert {d.budget.budget_bytes for d in await dispatched(stack, cid)} == {64 << 20}
+        assert stack.coordinator.captures[cid].request.budget_mb == 64
+        await stack.coordinator.wait(cid)
+        bad = alert("fp-budget-bad", pod="train-1")
+        bad["annotations"]["gpulens_budget_mb"] = "64MB"
+        async with http.post(url + "/v1/alertmanager", json=payload(bad), headers=BEARER) as r:
+            body = await r.json()
+            assert r.status == 200 and body["results"][0]["outcome"] == "started", body
+        cid = body["results"][0]["capture_id"]
+        default = stack.coordinator.settings.budget_mb
+        assert {d.budget.budget_bytes for d in await dispatched(stack, cid)} == {default << 20} != {64 << 20}
+    finally:
+        assert await gw.stop() == 0
+    log = (tmp_path / "gateway.log").read_text()
+    assert "alert.bad_budget" in log and "64MB" in log

@@ -233,3 +233,24 @@ def test_a_serving_revisions_coordinator_command_line_parses_and_is_within_the_c
     args = coordinator_args(cc, operator_config())
     assert "--serving" in args and _flags(args) <= _contract_flags()["coordinator"]
     assert build_subparser("coordinator")[0].parse_args(args[2:]).serving is True
+
+
+def test_the_charts_capture_values_reach_every_coordinators_arguments():
+    """Issue 43: --budget-mb, --start-lead-s and --wall-start-lead-s were never passed, so a platform
+    team could not set them. Someone else's values, through the chart's ConfigMap and the operator's
+    config, become the coordinator's flags, read back by the coordinator's own parser."""
+    from gpulens.capture.coordinator.command import _check as coordinator_check
+    values = {"coordinator": {"capture": {"budgetMB": 48, "startLeadSeconds": 30, "wallStartLeadSeconds": 25.5}}}
+    cfg = OperatorConfig.from_dict(yaml.safe_load(one(render(values), "ConfigMap", "-operator")["data"]["operator.yaml"]))
+    args = coordinator_args(_sample_cc(cfg), cfg)
+    parsed = _parser_or_skip("coordinator").parse_args(args[2:])
+    assert (parsed.budget_mb, parsed.start_lead_s, parsed.wall_start_lead_s) == (48, 30.0, 25.5)
+    assert coordinator_check(parsed) is None
+    # the chart's defaults are the coordinator's own defaults, not a second opinion
+    default_cfg = OperatorConfig.from_dict(yaml.safe_load(one(render({}), "ConfigMap", "-operator")["data"]["operator.yaml"]))
+    parser, d = _parser_or_skip("coordinator"), default_cfg.coordinator
+    assert (d.budget_mb, d.start_lead_s, d.wall_start_lead_s) == tuple(
+        parser.get_default(k) for k in ("budget_mb", "start_lead_s", "wall_start_lead_s"))
+    # out of range is refused by the chart's schema before anything is rendered
+    with pytest.raises(Exception, match="wallStartLeadSeconds|minimum"):
+        render({"coordinator": {"capture": {"wallStartLeadSeconds": 5}}})
