@@ -3,7 +3,8 @@
 #   cluster.sh up [--nodes N]  build (cached) and start: etcd, apiserver, controller-manager, scheduler,
 #                       containerd+runc+CNI bridge, kubelet, kube-proxy, cluster DNS; waits for Ready
 #   cluster.sh down     stop everything and undo every side effect (sysctls, iptables chains,
-#                       cgroups, mounts, netns, bridge, state); safe to run twice
+#                       cgroups, mounts, netns, bridge, state, the chart's host folders it made);
+#                       safe to run twice
 #   cluster.sh status   one line per component; exit 0 only when the node is Ready
 #   cluster.sh env      prints KUBECONFIG=... for the admin kubeconfig
 #   cluster.sh load IMAGE.tar   import an image archive into the cluster's containerd
@@ -120,6 +121,22 @@ make_pki() {
 }
 
 # ---- side effects we own: recorded before up, undone by down -----------------------------------
+#: The chart's default host folders (node.paths: registry, traces, agent state, Kineto's sockets,
+#: tokens): the node DaemonSet's hostPath volumes make them on node 1. Those absent before `up` are
+#: this cluster's doing, so `down` removes them whole; ones that were there are someone else's.
+HOST_DIRS=(/var/lib/gpulens /run/gpulens)
+save_host_dirs() {
+  local d
+  : > "$RUN/hostdirs.ours"
+  for d in "${HOST_DIRS[@]}"; do [ -e "$d" ] || echo "$d" >> "$RUN/hostdirs.ours"; done
+}
+remove_host_dirs() {
+  [ -s "$RUN/hostdirs.ours" ] || return 0
+  local d
+  while IFS= read -r d; do
+    case $d in /var/lib/gpulens | /run/gpulens) rm -rf --one-file-system "$d" 2>/dev/null || say "could not remove $d" ;; esac
+  done < "$RUN/hostdirs.ours"
+}
 save_sysctls() {
   [ -s "$RUN/sysctls.saved" ] && return 0
   local k
@@ -450,6 +467,7 @@ cmd_up() {
   echo "$BIN" > "$RUN/bin"
   echo "$NODES" > "$RUN/node-count"
   save_sysctls
+  save_host_dirs
   ls -d /run/netns/cni-* 2>/dev/null > "$RUN/netns.before" || true
   [ -d /run/netns ] && echo existed > "$RUN/netns.dir" || echo created > "$RUN/netns.dir"
   mountpoint -q /run/netns 2>/dev/null && echo yes > "$RUN/netns.mount" || echo no > "$RUN/netns.mount"
@@ -566,6 +584,7 @@ cmd_down() {
   if [ -s "$RUN/dirs.made" ]; then
     while IFS= read -r d; do rmdir "$d" 2>/dev/null || say "leaving $d (not empty)"; done < "$RUN/dirs.made"
   fi
+  remove_host_dirs
   # veths whose pod netns is gone disappear with it; any still attached to nothing are ours only
   # if they were enslaved to our bridge, which no longer exists
   restore_sysctls

@@ -33,7 +33,7 @@ from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
 from . import start_rules
-from .space import NodeDisk, artifact_sizes
+from .space import NodeDisk, NodeReservations, artifact_sizes
 from .steps import StepLog, StepsUnreadable
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
 from .triggers import Trigger
@@ -67,13 +67,15 @@ class PipelineSettings:
 
 
 def archive_key(archive_root: str, archive_prefix: str, target_id: str, suffix: str = ".json.gz", *,
-                late: bool = False) -> str:
+                late: bool = False, tag: str | None = None) -> str:
     """The key under `archive_root` for `<archive_prefix>/traces/<target_id><suffix>` (`.late<suffix>`
-    for a trace that landed after its target had ended: never what the manifest names)."""
+    for a trace that landed after its target had ended, `.<tag><suffix>` for a failed target's trace
+    kept as its evidence, e.g. `misaligned`: never what the manifest names as an artifact)."""
     root = posixpath.normpath("/" + urlparse(archive_root).path.strip("/"))
     prefix = posixpath.normpath("/" + urlparse(archive_prefix).path.strip("/"))
     rel = posixpath.relpath(prefix, root)
-    name = f"traces/{target_id}{'.late' if late else ''}{suffix}"
+    tag = "late" if late else tag
+    name = f"traces/{target_id}{'.' + tag if tag else ''}{suffix}"
     return name if rel == "." else f"{rel}/{name}"
 
 
@@ -86,6 +88,7 @@ class Pipeline:
         self.observer, self.verify_pool, self.archive = observer, verify_pool, archive
         self.metrics = metrics or AgentMetrics()
         self.disk = settings.disk or NodeDisk(store.root.parent / "staging")
+        self.claims = NodeReservations()   # every in-flight target's disk claim: the guard is per node
         # targets whose config reached Kineto's side (queued) and whose trace has neither landed nor
         # been proven never to come: while one is here its capture's folder stays, and its process
         # gets no other config (Kineto would ignore it)
@@ -131,6 +134,7 @@ class Pipeline:
                 self._unresolved.pop(rec.key, None)
         if not self.s.keep_local:
             self._drop_local(rec)
+        self.claims.release(rec.key)   # over, its local files gone (or kept on purpose): its claim ends
 
     async def _steps(self, rec: TargetRecord) -> None:
         log = _log.bind(capture_id=rec.capture_id, target_id=rec.target_id)
@@ -217,7 +221,7 @@ class Pipeline:
             os.chmod(watch_dir, 0o777)  # Kineto writes as the trainer's uid
         except OSError as exc:
             return self._fail(rec, R.INTERNAL_ERROR, f"cannot prepare the trace folder: {exc}")
-        no_room = self.disk.refusal(spec, watch_dir)
+        no_room = self.disk.refusal(spec, watch_dir, self.claims, rec.key)
         if no_room:
             return self._fail(rec, R.NO_DISK_SPACE, no_room)
         try:
@@ -452,8 +456,18 @@ class Pipeline:
             rec.verdict["window_start"], rec.verdict["window_end"] = collection[0], collection[1]
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
+        raw_note = ""
         if verdict.stage_error:
-            return self._fail(rec, R.NO_DISK_SPACE, f"{verdict.stage_error} (file kept at {path})")
+            # the gzip copy hit the disk's reserve: the trace itself is fine and is this rank's
+            # evidence; archive it as it is (one more read, for the raw bytes' checksum)
+            log.warning("trace.stage_failed", error=verdict.stage_error[:300])
+            raw_note = f"; archived uncompressed: {verdict.stage_error}"
+            kept = {k: rec.verdict[k] for k in ("window_start", "window_end") if k in rec.verdict}
+            verdict = await self._run_verifier(rec, path, self._expectation(rec, rec.observed_at), stage=False)
+            rec.verdict = verdict.to_dict() | kept | {"unstaged": raw_note[2:]}
+            rec.verdict.pop("collection", None)
+            if not verdict.ok:
+                return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
         if rec.trace_id is None:
             rec.trace_id = verdict.trace_id
         if spec.iterations:
@@ -466,18 +480,34 @@ class Pipeline:
                 rec.verdict.update(step_first=traced[0], step_last=last, step_collected_last=traced[1])
             wrong = start_rules.misaligned(spec, traced)
             if wrong is not None:
-                for misaligned in (path, verdict.stored_path):
-                    try:
-                        if misaligned:
-                            os.unlink(misaligned)   # not this capture's photo; the detail keeps the facts
-                    except OSError:
-                        pass
-                return self._fail(rec, R.MISSED_START, f"{wrong}; the misaligned trace was not kept")
-        detail = f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}"
+                return await self._keep_misaligned(rec, verdict, wrong, log)
+        detail = f"{verdict.event_count} events, {verdict.size} bytes, sha256 {verdict.sha256[:12]}{raw_note}"
         if spec.iterations and not verdict.optimizer_steps and rec.verdict.get("step_first") is None:
             detail += "; NOT an iteration trace: the process never stepped an optimizer"
             log.warning("trace.not_stepping", pid=(rec.worker or {}).get("pid"), iterations=spec.iterations)
         self._set(rec, S.VERIFIED, detail)
+
+    async def _keep_misaligned(self, rec: TargetRecord, verdict: Verdict, wrong: str, log) -> None:
+        """A trace that started at another iteration than the capture's is not the capture's photo,
+        but it is still this rank's evidence: archived beside the capture's traces as
+        `traces/<target>.misaligned.json[.gz]` (never an artifact of the manifest), the target failed
+        `missed_start` with the steps it holds and where it is. Kept on the node if the archive fails."""
+        path = rec.watch_path or ""
+        stored = Path(verdict.stored_path or path)
+        key = archive_key(self.s.archive_root, rec.spec.archive_prefix, rec.target_id,
+                          ".json.gz" if verdict.encoding == "gzip" else ".json", tag="misaligned")
+        try:
+            uri = await put_file_retrying(self.archive, stored, key, policy=self.s.archive_policy)
+        except ArchiveError as exc:
+            log.warning("trace.misaligned_not_archived", error=str(exc)[:300])
+            if stored != Path(path):
+                stored.unlink(missing_ok=True)
+            return self._fail(rec, R.MISSED_START, f"{wrong}; the trace could not be archived ({exc}): kept at {path}")
+        for local in {Path(path), stored}:
+            local.unlink(missing_ok=True)          # in the archive now
+        log.info("trace.misaligned_archived", uri=uri)
+        return self._fail(rec, R.MISSED_START, f"{wrong}; that trace is archived as this rank's evidence at {uri} "
+                                               f"(sha256 {verdict.sha256[:12]}, not part of the capture)")
 
     def _traced_steps(self, rec: TargetRecord, verdict: Verdict) -> tuple[int, int] | None:
         """The first and last optimizer step (the hook's count) whose work the trace holds, from
@@ -540,6 +570,8 @@ class Pipeline:
         elif rec.status.artifact.iterations and not rec.status.artifact.iterations["stepped"]:
             note = (f"; NOT {spec.iterations} iterations: the process never stepped an optimizer, so Kineto "
                     f"traced a short time window instead")
+        if verdict.get("unstaged"):
+            note += f"; {verdict['unstaged']}"
         self._set(rec, S.ARCHIVED, f"archived to {uri}{note}")  # the local copy goes only once this is on disk (run)
 
     # --- after the end: a late trace is archived, never lost ------------------------------------

@@ -129,8 +129,11 @@ class StagedBytes:
 
     def _discard(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            f, self._file = self._file, None
+            try:
+                f.close()        # flushes what is buffered: on a full disk that fails again (ENOSPC)
+            except OSError:
+                pass             # the part file goes below either way; `error` already says why
         if self.part is not None:
             try:
                 os.unlink(self.part)

@@ -344,14 +344,27 @@ class Runner:
         self.say("gpulens up: ready. Open:")
         for name, url in rows:
             self.say(f"  {name:<{width}}  {url}")
-        gpulens = Path(sys.executable).parent / "gpulens"
-        self.say(f"  start a capture by hand:  {gpulens} capture start --url http://127.0.0.1:{P.gateway} "
-                 f"--token-file {self.layout.token_file('gateway')} --namespace demo "
-                 f"--job {SERVING_REVISION if self.args.serving else 'demo'} --wait")
-        L = self.layout
-        self.say(f"  arm a trainer of your own:  PYTHONPATH={hook_path()} GPULENS_JOB_ID=<job> "
-                 f"GPULENS_REGISTRY_DIR={L.registry} GPULENS_SOCKET_DIR={L.socket_dir} GPULENS_TRACE_DIR={L.traces}")
+        for line in self.hand_lines():
+            self.say(line)
         self.say("  Ctrl-C stops everything.")
+
+    def hand_lines(self) -> list[str]:
+        """What `up` prints for doing things by hand: a capture of the demo's job, or, without --demo,
+        of a trainer one arms oneself (namespace `local` unless GPULENS_NAMESPACE says otherwise, job
+        its GPULENS_JOB_ID), and how to arm one, dynolog included when that is the trigger."""
+        L, P, a = self.layout, self.ports, self.args
+        gpulens = Path(sys.executable).parent / "gpulens"
+        job = (SERVING_REVISION if a.serving else "demo") if a.demo else "<GPULENS_JOB_ID>"
+        lines = [f"  start a capture by hand:  {gpulens} capture start --url http://127.0.0.1:{P.gateway} "
+                 f"--token-file {L.token_file('gateway')} --namespace {'demo' if a.demo else 'local'} "
+                 f"--job {job} --wait",
+                 f"  arm a trainer of your own:  PYTHONPATH={hook_path()} GPULENS_JOB_ID=<job> "
+                 f"GPULENS_REGISTRY_DIR={L.registry} GPULENS_SOCKET_DIR={L.socket_dir} GPULENS_TRACE_DIR={L.traces}"
+                 + ("" if a.demo else "  (then capture it with --namespace local --job <job>)")]
+        if a.trigger != "builtin":
+            lines.append(f"  a dynolog daemon for it (--trigger {a.trigger}) must share the trainers' socket folder:  "
+                         f"KINETO_IPC_SOCKET_DIR={L.socket_dir} dynolog --enable_ipc_monitor")
+        return lines
 
     def _remove_socket_dir(self) -> int:
         """Kineto leaves a `dynoconfigclient<uuid>` folder per worker in the socket dir; every process

@@ -125,7 +125,8 @@ def poller_factory():
 
 
 def kineto_like_trace(path: Path, *, pid: int, start: float, duration_s: float = 0.5, cats=("cpu_op",),
-                      events_per_cat: int = 20, trace_id: str | None = None, extra_top: dict | None = None) -> Path:
+                      events_per_cat: int = 20, trace_id: str | None = None, extra_top: dict | None = None,
+                      profiler_span: bool = False) -> Path:
     """Write a file shaped like Kineto's CPU on-demand output (keys, order, units as torch 2.13 writes)."""
     base_ns = int(start) * 10**9
     t0 = (start - int(start)) * 1e6
@@ -138,6 +139,9 @@ def kineto_like_trace(path: Path, *, pid: int, start: float, duration_s: float =
                            "args": {"External id": n}})
             n += 1
     events.append({"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": t0 + duration_s * 1e6})
+    if profiler_span:   # Kineto's own span over the collection, as torch 2.13 writes it
+        events.append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+                       "ts": t0, "dur": duration_s * 1e6, "args": {"Op count": 0}})
     top = {"schemaVersion": 1, "deviceProperties": []}
     if trace_id is not None:
         top["trace_id"] = trace_id

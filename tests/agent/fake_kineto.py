@@ -35,12 +35,13 @@ from tests.agent.conftest import KinetoPoller, kineto_like_trace
 class FakeKineto(threading.Thread):
     def __init__(self, socket_dir: str, job: int, pid: int, *, poll_s: float = 0.1, mode: str = "honest",
                  trace_delay_s: float = 0.2, path_map: tuple[str, str] | None = None,
-                 start_gate: threading.Event | None = None):
+                 start_gate: threading.Event | None = None, profiler_span: bool = False):
         super().__init__(daemon=True)
         self.poller = KinetoPoller(socket_dir, job, [pid, 1])
         self.pid, self.poll_s, self.mode, self.trace_delay_s = pid, poll_s, mode, trace_delay_s
         self.path_map = path_map
         self.start_gate = start_gate
+        self.profiler_span = profiler_span        # write Kineto's "PyTorch Profiler (0)" collection span
         self.failed: list[BaseException] = []   # what the trace thread raised (e.g. its folder was gone)
         self.configs: list[dict[str, str]] = []
         self.written: list[Path] = []
@@ -93,7 +94,7 @@ class FakeKineto(threading.Thread):
                 final = Path(str(final).replace(*self.path_map, 1))
             tmp = final.with_name(final.name + ".tmp")
             kineto_like_trace(tmp, pid=self.pid, start=start, duration_s=duration, cats=cats,
-                              trace_id=cfg.get("REQUEST_TRACE_ID"), extra_top=None)
+                              trace_id=cfg.get("REQUEST_TRACE_ID"), extra_top=None, profiler_span=self.profiler_span)
             text = tmp.read_text().replace(str(tmp), str(cfg["ACTIVITIES_LOG_FILE"]).replace(".json", f"_{self.pid}.json", 1))
             if self.mode == "truncate":
                 text = text[: len(text) // 2]

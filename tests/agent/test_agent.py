@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -478,5 +479,100 @@ async def test_a_nearly_full_trace_folder_is_refused_before_triggering(node):
             assert len(node.kinetos[0].configs) == 1
         finally:
             await running.stop()
+    finally:
+        fs.close()
+
+
+async def test_eight_ranks_of_one_node_are_guarded_together_not_each_alone(node):
+    """Issue 43: the disk guard is per node. Eight ranks dispatched at once into a 6 MiB trace folder,
+    each with a 1 MiB budget: each would fit alone, but only what the folder holds beside the others'
+    claims is triggered; the rest end `no_disk_space` naming what the in-flight targets hold, before
+    their trainers were asked. Once those traces are archived and gone, the claims end: the same
+    ranks fit again."""
+    from tests.tinyfs import tiny_fs
+    fs = tiny_fs(node.base / "traces", size="6m", inodes=512)
+    gate = threading.Event()
+    try:
+        running = await start_agent(node.options(min_free_mb=0, compress_level=0))
+        try:
+            for rank in range(8):
+                node.worker(rank, start_gate=gate)
+            one_mib = {"budget_bytes": 1 << 20, "estimate_bytes": 100 << 10, "gpu_buffer_mb": 1}
+            async with AgentClient(running.url, TOKEN) as client:
+                for rank in range(8):
+                    await client.dispatch("c-eight-ranks", f"rank-{rank}",
+                                          dispatch(node, "c-eight-ranks", rank, budget=one_mib))
+                refused = await wait_for_count(client, "c-eight-ranks", lambda s: s.reason is not None
+                                               and s.reason.value == "no_disk_space", at_least=1)
+                gate.set()
+                done = await converge(client, "c-eight-ranks")
+                archived = [t for t, s in done.items() if s.state.value == "archived"]
+                full = [s for s in done.values() if s.reason is not None and s.reason.value == "no_disk_space"]
+                assert len(archived) + len(full) == 8, done
+                # a 6 MiB tmpfs holds five 1 MiB claims with its own overhead, never all eight
+                assert 1 <= len(full) and 4 <= len(archived) <= 6, done
+                assert all("other in-flight targets of this node hold" in s.detail for s in full), full
+                assert refused and sum(len(k.configs) for k in node.kinetos) == len(archived)   # the refused were never asked
+                # the archived ranks' claims ended with them: the refused ranks fit now
+                again = [int(s.target_id.split("-")[1]) for s in full]
+                for rank in again:
+                    await client.dispatch("c-eight-again", f"rank-{rank}",
+                                          dispatch(node, "c-eight-again", rank, budget=one_mib))
+                after = await converge(client, "c-eight-again")
+            assert {s.state.value for s in after.values()} == {"archived"}, after
+        finally:
+            await running.stop()
+    finally:
+        fs.close()
+
+
+async def wait_for_count(client: AgentClient, capture_id: str, pred, *, at_least: int, timeout: float = 30):
+    end = time.time() + timeout
+    while True:
+        hits = [s for s in await client.status(capture_id) if pred(s)]
+        if len(hits) >= at_least:
+            return hits
+        assert time.time() < end, await client.status(capture_id)
+        await asyncio.sleep(0.1)
+
+
+async def test_a_trace_whose_gzip_copy_meets_a_full_disk_is_archived_as_it_is(node):
+    """Issue 43: no trace thrown away. The staging disk (a 256 KiB tmpfs) has room when the target is
+    checked, then someone else fills it before the trace lands: the gzip copy hits ENOSPC. The trace
+    verified, so it is archived uncompressed (its own checksum), not failed `no_disk_space` and left
+    on the node."""
+    from tests.tinyfs import tiny_fs
+    staging_dir = node.base / "state" / "staging"
+    staging_dir.mkdir(parents=True)
+    fs = tiny_fs(staging_dir, size="256k", inodes=64)
+    gate = threading.Event()
+    try:
+        running = await start_agent(node.options(min_free_mb=0))
+        try:
+            node.worker(0, start_gate=gate)
+            small = {"budget_bytes": 32 << 10, "estimate_bytes": 8 << 10, "gpu_buffer_mb": 1}
+            async with AgentClient(running.url, TOKEN) as client:
+                await client.dispatch("c-full-staging", "rank-0", dispatch(node, "c-full-staging", 0, budget=small))
+                await wait_for_count(client, "c-full-staging", lambda s: s.state.value == "queued_by_dynolog", at_least=1)
+                fd = os.open(staging_dir / "someone-else", os.O_WRONLY | os.O_CREAT)   # the disk fills meanwhile
+                try:
+                    while os.write(fd, b"\0" * 4096):
+                        pass
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+                gate.set()
+                st = (await converge(client, "c-full-staging"))["rank-0"]
+        finally:
+            await running.stop()
+        assert st.state.value == "archived", st
+        assert "archived uncompressed" in st.detail and "No space left" in st.detail, st.detail
+        art = st.artifact
+        assert art.uri.endswith("/traces/rank-0.json") and art.sizes["encoding"] == "identity"
+        stored = Path(art.uri.removeprefix("file://")).read_bytes()
+        assert hashlib.sha256(stored).hexdigest() == art.sha256 and len(stored) == art.size == art.sizes["uncompressed"]
+        assert json.loads(stored)["traceEvents"]
+        assert [p.name for p in staging_dir.iterdir()] == ["someone-else"]          # no part file left behind
     finally:
         fs.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import threading
 import time
@@ -124,13 +125,14 @@ async def test_a_tmp_kineto_left_behind_after_going_idle_does_not_hold_its_proce
     assert len(kineto.configs) == 2, kineto.configs
 
 
-def publish_steps(node: Node, rank: int, pid: int, count: int, *, per_s: float = 20.0) -> Path:
-    """The hook's own step file for a stand-in worker, `count` steps at `per_s` up to now."""
+def publish_steps(node: Node, rank: int, pid: int, count: int, *, per_s: float = 20.0, ahead_s: float = 0.0) -> Path:
+    """The hook's own step file for a stand-in worker, `count` steps at `per_s` up to now (+ `ahead_s`:
+    steps stamped that far into the future, as a trainer will have stepped by then)."""
     class Tracker:
         _current_step = 0
     path = node.base / "reg" / steps_filename("pid:[1]", pid)
     pub = StepPublisher(str(path), Tracker)
-    now = time.time_ns()
+    now = time.time_ns() + int(ahead_s * 1e9)
     import struct
     for step in range(max(1, count - 50), count + 1):
         t = now - int((count - step) / per_s * 1e9)
@@ -166,6 +168,34 @@ async def test_a_rank_behind_the_start_iteration_gets_that_absolute_start(node, 
         await converge(client, "c-on-time")
     cfg = node.kinetos[0].configs[0]
     assert (cfg["PROFILE_START_ITERATION"], cfg["PROFILE_START_ITERATION_ROUNDUP"]) == ("400", "1")
+
+
+async def test_a_trace_that_started_at_another_iteration_is_archived_as_evidence_not_deleted(node, agent):
+    """Issue 43: Kineto took the config after the chosen iteration (steps 150.. instead of 101..). Not
+    the capture's photo, but this rank's evidence: archived as `traces/rank-0.misaligned.json.gz`, the
+    target `missed_start` naming it and the steps it holds; before, the file was deleted."""
+    gate = threading.Event()
+    p = node.worker(0, start_gate=gate, profiler_span=True)
+    publish_steps(node, 0, p.pid, count=40)                       # behind iteration 100: the config is sent
+    async with AgentClient(agent.url, TOKEN) as client:
+        await client.dispatch("c-misaligned", "rank-0", dispatch(node, "c-misaligned", 0, iterations=3,
+                                                                 start_iteration=100))
+        end = time.time() + 20
+        while not node.kinetos[0].configs:
+            assert time.time() < end, await client.status("c-misaligned")
+            await asyncio.sleep(0.05)
+        publish_steps(node, 0, p.pid, count=200, per_s=20, ahead_s=2.5)   # meanwhile it stepped far past 100
+        gate.set()
+        st = (await converge(client, "c-misaligned"))["rank-0"]
+    assert st.reason is not None and st.reason.value == "missed_start", st
+    assert "started at its next step" in st.detail and "archived as this rank's evidence" in st.detail, st.detail
+    kept = node.base / "archive" / "ns" / "train" / "0" / "c-misaligned" / "traces" / "rank-0.misaligned.json.gz"
+    assert kept.is_file() and f"file://{kept}" in st.detail
+    traced = re.search(r"traced optimizer steps (\d+)\.\.(\d+)", st.detail)
+    assert traced and int(traced.group(1)) > 101, st.detail        # the steps it holds, not the chosen ones
+    import gzip
+    assert json.loads(gzip.decompress(kept.read_bytes()))["traceEvents"]
+    assert not list((node.base / "traces").rglob("*.json"))        # moved to the archive, not left on the node
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "7", True])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from gpulens.capture.agent.space import NodeDisk, artifact_sizes, space_problem, stopped_early
+from gpulens.capture.agent.space import NodeDisk, NodeReservations, artifact_sizes, space_problem, stopped_early
 from gpulens.capture.models import Dispatch, TraceBudget
 
 
@@ -58,3 +58,17 @@ def test_the_artifact_sizes_are_the_budget_as_sent_and_the_bytes_as_found():
     old = {"size": 1000, "optimizer_steps": 5}          # a verdict persisted before issue 27: raw, no budget
     assert artifact_sizes(spec(budget=None), old)["stored"] == 1000
     assert artifact_sizes(spec(budget=None), old)["encoding"] == "identity"
+
+
+def test_claims_add_up_per_filesystem_and_end_with_their_target(tmp_path):
+    """Eight targets' claims on one disk: each fits alone, together only as many as the free space
+    holds; a refusal names what the others hold, and a released claim makes room again."""
+    held = NodeReservations()
+    budget = free_of(tmp_path) // 5
+    got = [held.claim(("c", f"rank-{r}"), [(tmp_path, budget)], 0) for r in range(8)]
+    assert got[:4] == [None] * 4 and all(g is not None for g in got[5:]), got
+    assert "other in-flight targets of this node hold" in got[7] and len(held) in (4, 5)
+    assert held.claim(("c", "rank-0"), [(tmp_path, budget)], 0) is None     # its own claim is not counted against it
+    held.release(("c", "rank-1"))
+    held.release(("c", "rank-2"))
+    assert held.claim(("c", "rank-7"), [(tmp_path, budget)], 0) is None

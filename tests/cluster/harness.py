@@ -138,6 +138,7 @@ class MachineState:
     links: frozenset[str]
     processes: frozenset[str]
     state_dirs: frozenset[str]
+    host_dirs: frozenset[str] = frozenset()   # the chart's default node.paths roots (issue 43: the trial's folders)
 
 
 def _chains() -> set[str]:
@@ -177,8 +178,9 @@ def machine_state() -> MachineState:
             if "/var/lib/gpulens-cluster/" in cmd or "/run/gpulens-cluster/" in cmd:
                 procs.add(f"{p.name} {cmd.strip()}")
     dirs = {str(d) for d in (STATE, RUN) if d.exists()}
+    host = {d for d in ("/var/lib/gpulens", "/run/gpulens") if Path(d).exists()}
     return MachineState(tuple(sysctls), frozenset(_chains()), frozenset(cgroups), frozenset(mounts),
-                        frozenset(links), frozenset(procs), frozenset(dirs))
+                        frozenset(links), frozenset(procs), frozenset(dirs), frozenset(host))
 
 
 def machine_diff(before: MachineState, after: MachineState, theirs: set[str]) -> dict:

@@ -77,3 +77,19 @@ def test_the_cli_keeps_serving_to_the_demo_and_its_incident(tmp_path, capsys):
     assert "--serving needs --demo" in capsys.readouterr().err
     assert cli_main(["up", "--work-dir", work, "--demo", "--serving", "--incident", "host_sync"]) == 2
     assert "induces noisy_neighbor" in capsys.readouterr().err
+
+
+def test_up_without_the_demo_prints_the_lines_for_a_trainer_of_ones_own(tmp_path):
+    """Issue 43: a hand-armed trainer is local/<GPULENS_JOB_ID> (the hook's default namespace), not
+    demo/demo; and a dynolog daemon must be started with the trainers' socket folder."""
+    own = Runner(up_args(tmp_path, "--trigger", "dynolog"))
+    capture, arm, dynolog = own.hand_lines()
+    assert "--namespace local --job <GPULENS_JOB_ID> --wait" in capture and "--job demo" not in capture
+    assert f"GPULENS_SOCKET_DIR={own.layout.socket_dir}" in arm and "--namespace local --job <job>" in arm
+    assert f"KINETO_IPC_SOCKET_DIR={own.layout.socket_dir} dynolog --enable_ipc_monitor" in dynolog
+    builtin = Runner(up_args(tmp_path, "--trigger", "builtin")).hand_lines()
+    assert len(builtin) == 2 and not any("dynolog" in line for line in builtin)
+    demo = Runner(up_args(tmp_path, "--demo", "--trigger", "builtin")).hand_lines()
+    assert "--namespace demo --job demo --wait" in demo[0]
+    serving = Runner(up_args(tmp_path, "--demo", "--serving", "--trigger", "builtin")).hand_lines()
+    assert f"--namespace demo --job {SERVING_REVISION} --wait" in serving[0]
