@@ -115,18 +115,24 @@ def check_aligned(site: Site, paused: int, done: dict) -> None:
         steps = sorted(int(STEP.fullmatch(e["name"]).group(1)) for e in trace["traceEvents"]
                        if e.get("ph") == "X" and STEP.fullmatch(str(e.get("name"))))
         optimizer = [e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("Optimizer.step#")]
-        assert len(optimizer) == ITERATIONS, len(optimizer)
-        assert steps and steps[0] >= paused and steps[-1] - steps[0] <= ITERATIONS, steps
+        # Kineto decides on the step() that reaches the end and stops the collection on a thread it
+        # starts for that (libkineto AsyncActivityProfilerHandler::performRunLoopStep, CollectTrace:
+        # "it should be executed in another thread in case pytorch main thread is blocked"; the same
+        # code is in torch 2.13's libtorch_cpu.so): the loop steps on meanwhile, so a starved machine
+        # records more than N (17 for 5 seen at load 8-9). The capture's iterations are the N from
+        # the chosen start, exact below; how far the collection ran is `collected_last`.
+        assert len(optimizer) >= ITERATIONS, len(optimizer)
+        assert steps and steps[0] >= paused and steps[-1] - steps[0] <= len(optimizer), (steps, len(optimizer))
         it = st.artifact.iterations
         # numbered by the hook's step counter: ProfilerStep#N is the step that takes the count to N + 1
-        collected = it.pop("collected_last")     # Kineto may stop a step late on a busy trainer
+        collected = it.pop("collected_last")
         assert it == {"requested": ITERATIONS, "roundup": ROUNDUP, "start": None, "numbering": "optimizer_step",
                       "first": steps[0] + 1, "last": steps[0] + ITERATIONS, "optimizer_steps": ITERATIONS, "stepped": True}
         assert collected >= it["last"], (collected, it)
-        spans[rec["global_rank"]] = (steps[0], steps[-1])
+        spans[rec["global_rank"]] = (steps[0], it["last"])      # first marker, last iteration of the capture
     kineto = [line for line in (site.base / "trainer.log").read_text().splitlines()
               if "iteration" in line.lower() or "Received config" in line][-30:]
-    assert spans[0] == spans[1], (spans, paused, "\n".join(kineto))   # the same iteration numbers on both ranks
+    assert spans[0] == spans[1], (spans, paused, "\n".join(kineto))   # the same iterations on both ranks
     # the start is a multiple of the round-up (ProfilerStep#N numbers the step that takes Kineto's
     # count from N to N + 1, so the first traced marker is one past it)
     assert (spans[0][0] - 1) % ROUNDUP == 0, spans
