@@ -44,6 +44,18 @@ async def one(trigger: str, n: int, keep: bool) -> None:
         secs = [r.seconds for r in results if r.kind == kind]
         if secs:
             print(f"seconds per capture   {kind:10s} median {statistics.median(secs):5.1f}  max {max(secs):5.1f}")
+    # issue 47: how far each wall capture's ranks started from the chosen instant, and from each other
+    wins = [[t["window"] for t in r.targets.values() if t["state"] == "archived" and t.get("window")]
+            for r in results if r.kind == "window"]
+    skews = [w["start_skew_s"] for ws in wins for w in ws if "start_skew_s" in w]
+    spreads = [max(w["start"] for w in ws) - min(w["start"] for w in ws) for ws in wins if len(ws) > 1]
+    late = sum(1 for ws in wins for w in ws if w.get("late_start"))
+    if skews:
+        print(f"wall start skew (s)   median {statistics.median(skews):5.2f}  max {max(skews):5.2f}  "
+              f"(rank start - chosen instant; {late} late starts)")
+    if spreads:
+        print(f"wall start spread (s) median {statistics.median(spreads):5.2f}  max {max(spreads):5.2f}  "
+              f"(latest - earliest rank start per capture)")
     for line in explained:                # what the nodes saw of each unproven failure
         print(f"  unproven: {line}")
     for i, r in enumerate(results):       # every capture not fully archived, with its evidence
