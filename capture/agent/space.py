@@ -90,12 +90,10 @@ class NodeReservations:
 
     def claim(self, key: tuple[str, str], needs: list[tuple[Path, int]], reserve_bytes: int) -> str | None:
         """Claim `needs` for `key` when they fit beside every other claim; else why not (nothing claimed)."""
-        problem = space_problem(needs, reserve_bytes, held=lambda dev: self.held(dev, but=key))
+        per_dev: dict[int, int] = {}
+        problem = space_problem(needs, reserve_bytes, held=lambda dev: self.held(dev, but=key), per_dev=per_dev)
         if problem is None:
-            claims = []
-            for folder, need in needs:
-                claims.append((os.stat(folder).st_dev, need))
-            self._claims[key] = claims
+            self._claims[key] = list(per_dev.items())
         return problem
 
     def release(self, key: tuple[str, str]) -> None:
@@ -110,10 +108,12 @@ def stage_path(staging_dir: Path, capture_id: str, target_id: str) -> Path:
     return Path(staging_dir) / f"{capture_id}.{target_id}.json.gz"
 
 
-def space_problem(needs: list[tuple[Path, int]], reserve_bytes: int, held=None) -> str | None:
+def space_problem(needs: list[tuple[Path, int]], reserve_bytes: int, held=None,
+                  per_dev: dict[int, int] | None = None) -> str | None:
     """None when every folder's filesystem holds what it must take plus the reserve, beside what
     `held(dev)` says other targets hold there ((bytes, targets)); else why not. Folders on one
-    filesystem add up (st_dev), so a shared disk is not counted twice as free."""
+    filesystem add up (st_dev), so a shared disk is not counted twice as free; `per_dev`, when
+    given, receives those sums (what a claim records, without reading the folders again)."""
     by_dev: dict[int, tuple[Path, int, int]] = {}
     for folder, need in needs:
         try:
@@ -124,6 +124,8 @@ def space_problem(needs: list[tuple[Path, int]], reserve_bytes: int, held=None) 
         free = st.f_bavail * st.f_frsize
         first, total, _ = by_dev.get(dev, (folder, 0, free))
         by_dev[dev] = (first, total + need, free)
+    if per_dev is not None:
+        per_dev.update({dev: total for dev, (_, total, _) in by_dev.items()})
     for dev, (folder, need, free) in by_dev.items():
         others, count = held(dev) if held else (0, 0)
         if free - others < need + reserve_bytes:
