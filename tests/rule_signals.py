@@ -16,6 +16,11 @@ SIGNALS = {
     "demand/baseline": "namespace_pod:gpulens_launches_per_baseline:ratio_rate5m",
     "blocked share": "namespace_pod:gpulens_sync_wait_seconds:avg_rate5m",
     "blocked share baseline": "namespace_workload:gpulens_sync_wait_seconds:baseline_avg_rate5m",
+    # what the share is made of: a share out of line with the step rate shows here as the wrong
+    # number of workers, or as too many or too long blocking calls (seconds blocked / calls)
+    "workers": "namespace_pod:gpulens_workers:count",
+    "blocking calls/s (pod)": "namespace_pod:gpulens_sync_calls:rate5m",
+    "blocked s/s (pod)": "namespace_pod:gpulens_sync_wait_seconds:rate5m",
     "bytes/s per worker": "namespace_pod_direction:gpulens_memcpy_bytes_per_worker:rate5m",
     "bytes/s baseline": "namespace_workload_direction:gpulens_memcpy_bytes_per_worker:baseline_rate5m",
 }
