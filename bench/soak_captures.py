@@ -1,6 +1,6 @@
 """Capture after capture: N captures back to back on a real 4-rank torch job over two node agents.
 
-    .venv/bin/python bench/soak_captures.py [--captures 50] [--trigger builtin|dynolog|both]
+    .venv/bin/python bench/soak_captures.py [--captures 50] [--trigger builtin|dynolog|both] [--step-s 0.02 ...]
 
 Prints, per trigger, the success rate (fully archived captures), the failures by reason, the
 iteration captures' alignment, trace files left on the nodes, "Failed to open" lines in the
@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.coordinator.soak import Soak  # noqa: E402
 
 
-async def one(trigger: str, n: int, keep: bool) -> None:
-    async with Soak(trigger=trigger, keep=keep) as soak:
+async def one(trigger: str, n: int, keep: bool, step_s: float) -> None:
+    async with Soak(trigger=trigger, keep=keep, step_s=step_s) as soak:
+        rate = await soak.step_rate()
         results = await soak.run(n)
         loose = await soak.settled()
         opened = [line for node in soak.nodes for line in node.failed_to_open()]
@@ -32,7 +33,8 @@ async def one(trigger: str, n: int, keep: bool) -> None:
     reasons = Counter(t["reason"] for r in results for t in r.targets.values() if t["state"] != "archived")
     iters = [r for r in results if r.kind == "iterations"]
     aligned = sum(1 for r in iters if r.fully_archived and r.misaligned() is None)
-    print(f"\n== trigger {trigger}: {n} captures (4 ranks, 2 agents)" + (f", kept in {soak.base}" if keep else ""))
+    print(f"\n== trigger {trigger}: {n} captures (4 ranks, 2 agents), {step_s} s sleep a step: {rate:.1f} steps/s"
+          + (f", kept in {soak.base}" if keep else ""))
     print(f"fully archived        {sum(r.fully_archived for r in results)}/{n}")
     print(f"failed targets        {dict(reasons) or 'none'}")
     print(f"unproven failures     {sum(len(r.unproven()) for r in results)}")
@@ -72,9 +74,12 @@ def main() -> None:
     p.add_argument("--captures", type=int, default=50)
     p.add_argument("--trigger", choices=["builtin", "dynolog", "both"], default="both")
     p.add_argument("--keep", action="store_true", help="keep the nodes' logs, registries and agent state")
+    p.add_argument("--step-s", type=float, nargs="+", default=[0.02],
+                   help="the trainers' sleep per step, one run per value (0.02: ~40 steps/s; 0.25: ~4)")
     a = p.parse_args()
-    for trigger in (["builtin", "dynolog"] if a.trigger == "both" else [a.trigger]):
-        asyncio.run(one(trigger, a.captures, a.keep))
+    for step_s in a.step_s:
+        for trigger in (["builtin", "dynolog"] if a.trigger == "both" else [a.trigger]):
+            asyncio.run(one(trigger, a.captures, a.keep, step_s))
 
 
 if __name__ == "__main__":

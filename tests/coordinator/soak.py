@@ -65,7 +65,7 @@ class SoakNode:
         self.dynolog: subprocess.Popen | None = None
 
     def start_rank(self, rank: int, local_rank: int, world: int, master: str, master_port: int,
-                   stop_file: Path) -> None:
+                   stop_file: Path, step_s: float = 0.02) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_"))}
         env.update(PYTHONPATH=str(hook_path()), OMP_NUM_THREADS="1", GPULENS_JOB_ID="soak", GPULENS_ATTEMPT="0",
                    GPULENS_NAMESPACE="ml", GPULENS_POD_NAME=f"soak-{self.name}", GPULENS_POD_UID=f"uid-{self.name}",
@@ -77,7 +77,8 @@ class SoakNode:
         log = self.base / f"trainer-{rank}.log"
         self.logs.append(log)
         with open(log, "wb") as out:
-            self.trainers.append(subprocess.Popen(self.net.cmd([sys.executable, TRAINER, str(stop_file), "3000"]),
+            self.trainers.append(subprocess.Popen(self.net.cmd([sys.executable, TRAINER, str(stop_file), "3000", "-1", "0",
+                                                                             str(step_s)]),
                                                   env=env, stdout=out, stderr=subprocess.STDOUT,
                                                   start_new_session=True))
 
@@ -240,6 +241,7 @@ class Soak:
     refused_while_running: list[str] = field(default_factory=list)
     kineto_cancellations: list[str] = field(default_factory=list)   # filled by explain()
     keep: bool = False               # leave base (logs, registries, agent state) for reading afterwards
+    step_s: float = 0.02             # the trainers' sleep per step: ~40 steps/s at 0.02, ~4 at 0.25
 
     async def __aenter__(self) -> "Soak":
         try:
@@ -258,7 +260,7 @@ class Soak:
         port = free_port()
         for i, node in enumerate(self.nodes):
             for local in (0, 1):
-                node.start_rank(2 * i + local, local, 4, self.nodes[0].net.ip, port, self.stop_file)
+                node.start_rank(2 * i + local, local, 4, self.nodes[0].net.ip, port, self.stop_file, self.step_s)
         await asyncio.gather(*(n.start_agent(token, self.trigger) for n in self.nodes))
         end = time.time() + 240
         while not all(len(n.records()) == 2 and all(json.loads(r.read_text()).get("identity") == "process_group"
@@ -341,6 +343,17 @@ class Soak:
                     continue
                 out.append(f"{r.capture_id} {line} || " + " | ".join(n.explain(line) for n in nodes))
         return out
+
+    async def step_rate(self, over_s: float = 3.0) -> float:
+        """The job's pace as the agents see it: the slowest rank's optimizer steps per second over
+        `over_s` (the ranks step in lockstep, so all read about the same)."""
+        async def counts() -> dict[str, int]:
+            return {(n.name, w.get("global_rank"), w.get("host_pid")): (w.get("steps") or {}).get("count", 0)
+                    for n in self.nodes for w in await self.coordinator.agents.workers(n.url)}
+        before, t0 = await counts(), time.monotonic()
+        await asyncio.sleep(over_s)
+        after, dt = await counts(), time.monotonic() - t0
+        return min((after[k] - before[k]) / dt for k in before if k in after)
 
     async def run(self, n: int) -> list[CaptureResult]:
         for i in range(n):
