@@ -7,8 +7,11 @@ straggler; its own work does: step time minus the time it spent inside collectiv
 the process group's `gloo:*` / `nccl:*` / ... spans on the CPU and NCCL kernels on the GPU, clipped
 to the step). Without collectives (no synchronisation) that is simply the step time.
 
-Map side (`rank_steps`, one rank's HTA frame, on its worker): per ProfilerStep#N, the step time and
-the collective time. Reduce side (`stragglers`, JSON only): per iteration, each rank's own work
+Map side (`rank_steps`, one rank's HTA frame, on its worker): per step (capture/analysis/step_windows.py:
+`ProfilerStep#N` markers, else the spans between optimizer steps, which a plain loop's trace has), the
+step time, the collective time and when the step ended. Steps numbered relatively (a wall-clock
+capture of a loop without markers) are lined up across ranks by their end times, which a
+synchronous job's collectives keep together. Reduce side (`stragglers`, JSON only): per iteration, each rank's own work
 against the median of the other ranks'; a rank is slow in an iteration when it does more than
 `SLOW_SHARE` of a step more; named when slow in at least one iteration, `consistent` when slow in
 at least `CONSISTENT_SHARE` of them; then its evidence against the others' medians.
@@ -21,6 +24,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from .analyses.base import num
+from .step_windows import OPTIMIZER, PROFILER, RELATIVE, step_windows
 
 if TYPE_CHECKING:
     from hta.common.trace import Trace
@@ -30,29 +34,29 @@ __all__ = ["rank_steps", "stragglers", "COLLECTIVE", "SLOW_SHARE", "CONSISTENT_S
 #: the record_function names ProcessGroup backends give their collectives (gloo:all_reduce, nccl:broadcast, ...)
 COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):")
 _COMM_KERNEL = re.compile(r"^nccl.*Kernel")
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+#: how far (in steps) relative numbering may be shifted to line a rank up with the first one
+MAX_SHIFT = 8
 SLOW_SHARE = 0.10          # own work longer than the others' median by this share of a step: slow
 CONSISTENT_SHARE = 0.75    # slow in at least this share of the iterations: consistently
 TOP_RANKS = 5
 TOP_DIFFERENCES = 3
 
 
-def rank_steps(trace: "Trace") -> list[dict[str, Any]]:
-    """[{"step", "dur_us", "collective_us"}] of the one rank in `trace` (ProfilerStep#N windows)."""
+def rank_steps(trace: "Trace", first_optimizer_step: int | None = None) -> list[dict[str, Any]]:
+    """[{"step", "numbering", "dur_us", "collective_us", "end_us"}] of the one rank in `trace`;
+    `end_us` on the trace's own clock (HTA's aligned time plus its `min_ts`)."""
     rank = trace.get_ranks()[0]
     df = trace.get_trace(rank)
     names = trace.symbol_table.get_sym_table()
-    step_ids = {i: int(m.group(1)) for i, n in enumerate(names) if (m := _STEP.match(n))}
     coll_ids = [i for i, n in enumerate(names) if COLLECTIVE.match(n)]
     comm_ids = [i for i, n in enumerate(names) if _COMM_KERNEL.match(n)]
-    steps = df[(df["stream"] < 0) & df["name"].isin(list(step_ids))].drop_duplicates("name").sort_values("ts")
+    steps = step_windows(df[df["stream"] < 0], names, first_optimizer_step)
     spans = df[(df["name"].isin(coll_ids) & (df["stream"] < 0)) | (df["name"].isin(comm_ids) & (df["stream"] >= 0))]
     pairs = sorted(zip(spans["ts"].tolist(), (spans["ts"] + spans["dur"]).tolist()))
-    out = []
-    for name, ts, dur in zip(steps["name"].tolist(), steps["ts"].tolist(), steps["dur"].tolist()):
-        out.append({"step": step_ids[int(name)], "dur_us": num(dur),
-                    "collective_us": num(_union_within(pairs, float(ts), float(ts + dur)))})
-    return out
+    base = float(getattr(trace, "min_ts", 0) or 0)
+    return [{"step": n, "numbering": steps.numbering, "dur_us": num(end - start),
+             "collective_us": num(_union_within(pairs, start, end)), "end_us": num(base + end)}
+            for n, start, end in steps.steps]
 
 
 def _union_within(pairs: list[tuple[float, float]], start: float, end: float) -> float:
@@ -73,14 +77,19 @@ def stragglers(steps: dict[int, list[dict]], evidence: list[dict] | None) -> dic
     """The summary's `cross_rank` section from each analysed rank's steps and evidence."""
     ranks = sorted(r for r, s in steps.items() if s)
     if len(ranks) < 2:
-        return {"status": "not_applicable", "why": ("needs ProfilerStep#N annotations on two or more analysed "
-                                                    f"ranks; {len(ranks)} rank(s) have them"),
+        return {"status": "not_applicable", "why": ("needs whole steps (ProfilerStep#N markers, or two optimizer "
+                                                    f"steps) on two or more analysed ranks; {len(ranks)} rank(s) have them"),
+                "iterations": [], "per_rank": [], "stragglers": []}
+    steps, numbering = _numbered_alike({r: steps[r] for r in ranks})
+    ranks = sorted(steps)       # a rank whose steps line up with no other's is left out
+    if len(ranks) < 2:
+        return {"status": "not_applicable", "why": "the analysed ranks' steps do not line up in time", "numbering": numbering,
                 "iterations": [], "per_rank": [], "stragglers": []}
     own = {r: {s["step"]: ((s["dur_us"] or 0.0) - (s["collective_us"] or 0.0), s["dur_us"] or 0.0,
                            s["collective_us"] or 0.0) for s in steps[r]} for r in ranks}
     iterations = sorted(set.intersection(*(set(o) for o in own.values())))
     if not iterations:
-        return {"status": "not_applicable", "why": "the analysed ranks share no ProfilerStep#N iteration",
+        return {"status": "not_applicable", "why": "the analysed ranks share no iteration", "numbering": numbering,
                 "iterations": [], "per_rank": [], "stragglers": []}
     ahead: dict[int, list[float]] = {r: [] for r in ranks}   # own work minus the others' median, per iteration
     slow_in: dict[int, list[int]] = {r: [] for r in ranks}
@@ -117,8 +126,33 @@ def stragglers(steps: dict[int, list[dict]], evidence: list[dict] | None) -> dic
     else:
         why = (f"no rank does more than {SLOW_SHARE:.0%} of a step more work than the others in any of "
                f"{len(iterations)} iterations")
-    return {"status": "ok", "why": why, "iterations": iterations, "per_rank": per_rank, "stragglers": found,
-            "slow_share": SLOW_SHARE, "consistent_share": CONSISTENT_SHARE}
+    return {"status": "ok", "why": why, "numbering": numbering, "iterations": iterations, "per_rank": per_rank,
+            "stragglers": found, "slow_share": SLOW_SHARE, "consistent_share": CONSISTENT_SHARE}
+
+
+def _numbered_alike(steps: dict[int, list[dict]]) -> tuple[dict[int, list[dict]], str]:
+    """Every rank's steps under one numbering. Ranks that all carry absolute numbers of one kind
+    (ProfilerStep#N, or the capture's optimizer steps) keep them; otherwise each rank is numbered
+    relatively and shifted onto the first rank's numbers where their step ends match best (the
+    median distance between paired ends, over shifts of up to MAX_SHIFT steps): the collective at
+    the end of every step of a synchronous job ends on all ranks at about the same time."""
+    kinds = {s[0].get("numbering", PROFILER) for s in steps.values()}
+    if len(kinds) == 1 and kinds <= {PROFILER, OPTIMIZER}:
+        return steps, kinds.pop()
+    ranks = sorted(steps)
+    relative = {r: [dict(s, step=k) for k, s in enumerate(steps[r], start=1)] for r in ranks}
+    ref = {s["step"]: s["end_us"] for s in relative[ranks[0]]}
+    out = {ranks[0]: relative[ranks[0]]}
+    for r in ranks[1:]:
+        best = None
+        for shift in range(-MAX_SHIFT, MAX_SHIFT + 1):
+            gaps = [abs(ref[s["step"] + shift] - s["end_us"]) for s in relative[r]
+                    if s["step"] + shift in ref and s["end_us"] is not None and ref[s["step"] + shift] is not None]
+            if gaps and (best is None or statistics.median(gaps) < best[0]):
+                best = (statistics.median(gaps), shift)
+        if best is not None:
+            out[r] = [dict(s, step=s["step"] + best[1]) for s in relative[r]]
+    return out, RELATIVE
 
 
 def _ms(us: float | None) -> str:

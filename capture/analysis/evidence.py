@@ -15,8 +15,9 @@ verdict section rather than a table of its own:
 - GPU kernel time and GPU-idle time inside steps (GPU traces only: None on CPU-only ranks, never 0);
 - an operator/kernel profile per step, which a later capture compares against (baseline diff).
 
-Per step means inside `ProfilerStep#N` windows when the rank has any; otherwise per trace window
-(`steps` is then 0 and the shares are of the whole window).
+Per step means inside the rank's step windows (capture/analysis/step_windows.py: `ProfilerStep#N`
+markers when the trace has them, else the spans between its optimizer steps, which every loop's
+trace has); a trace with neither is measured over its whole window (`steps` is then 0).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .analyses.base import num
+from .step_windows import PROFILER_STEP, step_windows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,7 +41,6 @@ _COPY_ENTRY_OPS = ("aten::to", *HOST_COPY_OPS)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 _MEMCPY_CALLS = ("cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpy2D", "cudaMemcpy2DAsync")
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#.*\.__next__$")
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _STEP_SITE = re.compile(r"#\d+$")
 PROFILE_LIMIT = 200       # profile rows kept per rank (largest first): bounds summary.json
 _TOP_SITES = 5
@@ -56,13 +57,15 @@ class _Cats:
     python: int | None
 
 
-def measure(trace: Any, gpu_ranks: tuple[int, ...]) -> dict[str, Any]:
-    """{"per_rank": [...]} for every rank of an HTA `Trace` (`ta.t`)."""
+def measure(trace: Any, gpu_ranks: tuple[int, ...], first_steps: dict[int, int] | None = None) -> dict[str, Any]:
+    """{"per_rank": [...]} for every rank of an HTA `Trace` (`ta.t`); `first_steps`: per rank, the
+    manifest's first optimizer step of the trace, where the capture has one (numbers the steps)."""
     names = trace.symbol_table.get_sym_table()
     ids = trace.symbol_table.get_sym_id_map()
     cats = _Cats(ids.get("cpu_op"), ids.get("user_annotation"), ids.get("cuda_runtime"), ids.get("gpu_memcpy"),
                  ids.get("kernel"), ids.get("python_function"))
-    return {"per_rank": [_rank(int(r), trace.get_trace(r), names, ids, cats, int(r) in gpu_ranks)
+    return {"per_rank": [_rank(int(r), trace.get_trace(r), names, ids, cats, int(r) in gpu_ranks,
+                               (first_steps or {}).get(int(r)))
                          for r in sorted(trace.get_ranks())]}
 
 
@@ -70,16 +73,17 @@ def _ids(ids: dict[str, int], wanted) -> list[int]:
     return [ids[n] for n in wanted if n in ids]
 
 
-def _rank(rank: int, df: "pd.DataFrame", names: list[str], ids: dict[str, int], cats: _Cats, gpu: bool) -> dict:
+def _rank(rank: int, df: "pd.DataFrame", names: list[str], ids: dict[str, int], cats: _Cats, gpu: bool,
+          first_step: int | None = None) -> dict:
     import pandas as pd
 
     df = df[df["dur"] >= 0].copy()
     df["end"] = df["ts"] + df["dur"]   # HTA's alignment shifts ts but leaves its own "end" column behind
     cpu = df[(df["stream"] < 0)]
-    steps = _steps(cpu, names)
+    steps = step_windows(cpu, names, first_step)
     if len(steps):
-        windows = list(zip(steps["ts"].tolist(), steps["end"].tolist()))
-        step_total = float((steps["end"] - steps["ts"]).sum())
+        windows = steps.windows
+        step_total = float(sum(e - s for s, e in windows))
     else:
         start, end = float(df["ts"].min()), float(df["end"].max())
         windows, step_total = [(start, end)], end - start
@@ -98,7 +102,7 @@ def _rank(rank: int, df: "pd.DataFrame", names: list[str], ids: dict[str, int], 
     loader = _inside(_outermost(cpu[cpu["name"].isin(loader_ids)]), windows)
 
     out: dict[str, Any] = {
-        "rank": rank, "gpu": gpu, "steps": n_steps, "step_us": num(step_total),
+        "rank": rank, "gpu": gpu, "steps": n_steps, "step_numbering": steps.numbering, "step_us": num(step_total),
         "step_mean_us": num(step_total / n_steps) if n_steps else None,
         "host_blocking": _amount(hb, step_total, n_steps) | {
             "by_name": _by_name(hb, names), "call_sites": _call_sites(hb, cpu, names, cats)},
@@ -116,13 +120,6 @@ def _rank(rank: int, df: "pd.DataFrame", names: list[str], ids: dict[str, int], 
         busy = _union_clipped(df[(df["stream"] >= 0)], windows)
         out["gpu_idle_in_steps_pct"] = num(100.0 * (1 - busy / step_total)) if step_total > 0 else None
     return out
-
-
-def _steps(cpu: "pd.DataFrame", names: list[str]) -> "pd.DataFrame":
-    step_ids = [i for i, n in enumerate(names) if _STEP.match(n)]
-    steps = cpu[cpu["name"].isin(step_ids)].sort_values("ts")
-    # one window per step number (a trace may hold the same marker on two threads)
-    return steps.drop_duplicates("name")
 
 
 def _dtoh_calls(df: "pd.DataFrame", names: list[str], ids: dict[str, int], cats: _Cats) -> "pd.DataFrame":
@@ -256,7 +253,7 @@ def _profile(cpu: "pd.DataFrame", df: "pd.DataFrame", names: list[str], cats: _C
         g = part.groupby("name")["dur"].agg(["count", "sum"])
         for i, r in g.iterrows():
             name = names[int(i)]
-            if kind == "user_annotation" and _STEP.match(name):
+            if kind == "user_annotation" and PROFILER_STEP.match(name):
                 continue
             rows.append({"kind": kind, "name": name, "calls": num(r["count"] / units),
                          "us": num(r["sum"] / units)})

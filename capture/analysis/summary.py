@@ -83,7 +83,7 @@ def _alignment(m, plan: RankPlan) -> dict[str, Any] | None:
         why = (f"rank(s) {', '.join(map(str, misaligned))} traced other iterations than the rest "
                f"({common[0]}..{common[1]}): compare them with care")
     elif unmarked:
-        why = f"rank(s) {', '.join(map(str, unmarked))} have no ProfilerStep#N markers to check the iterations by"
+        why = f"rank(s) {', '.join(map(str, unmarked))} have no step numbers (neither the hook's optimizer-step count nor ProfilerStep#N markers) to check the iterations by"
     else:
         why = f"every archived rank traced iterations {common[0]}..{common[1]}" if common else "no rank to check"
     if missing:

@@ -50,7 +50,7 @@ def _ms(us: float | None) -> str:
 
 
 def _unit(r: dict) -> str:
-    return "per step" if r["steps"] else "of the trace window (no ProfilerStep markers)"
+    return "per step" if r["steps"] else "of the trace window (no ProfilerStep#N markers, fewer than two optimizer steps)"
 
 
 def _base_rank(baseline: list[dict] | None, rank: int) -> dict | None:

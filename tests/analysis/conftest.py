@@ -60,7 +60,8 @@ class CaptureBuilder:
 
     def add(self, rank: int, source: Path | bytes, *, target_id: str | None = None, file_name: str | None = None,
             pod: str = "trainer-0", node: str = "node-a", uri: str | None = None, expect: bool = True,
-            sizes: dict | None = None, worker_rank: int | None = None) -> "CaptureBuilder":
+            sizes: dict | None = None, worker_rank: int | None = None,
+            iterations: dict | None = None) -> "CaptureBuilder":
         target_id = target_id or f"rank-{rank}"
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
         if file_name is None:
@@ -73,7 +74,7 @@ class CaptureBuilder:
         self.artifacts.append(Artifact(target_id=target_id, rank=rank, local_rank=rank % 8, node=node, pod=pod,
                                        pid=1000 + rank, attempt=self.attempt, uri=uri or dest.as_uri(),
                                        size=len(data), sha256=hashlib.sha256(data).hexdigest(), trace_id=None,
-                                       sizes=sizes, worker_rank=worker_rank))
+                                       sizes=sizes, worker_rank=worker_rank, iterations=iterations))
         if expect:
             self.expected.append(ExpectedTarget(target_id, rank, rank % 8, pod, node))
         return self
@@ -160,9 +161,18 @@ DDP_WORLD, DDP_SLOW_RANK = 4, 2
 @pytest.fixture(scope="session")
 def ddp_traces(tmp_path_factory) -> Path:
     """Real traces of a 4-rank DDP (gloo) torch job whose rank 2 has a slow input pipeline (ddp_traces.py)."""
-    out = tmp_path_factory.mktemp("ddp-traces")
+    return _ddp_run(tmp_path_factory.mktemp("ddp-traces"))
+
+
+@pytest.fixture(scope="session")
+def ddp_plain_traces(tmp_path_factory) -> Path:
+    """The same job as a loop that never calls `prof.step()`: no ProfilerStep#N markers in its traces."""
+    return _ddp_run(tmp_path_factory.mktemp("ddp-plain-traces"), "plain")
+
+
+def _ddp_run(out: Path, *mode: str) -> Path:
     procs = [subprocess.Popen([sys.executable, str(HERE / "ddp_traces.py"), str(out), str(r), str(DDP_WORLD),
-                               str(DDP_SLOW_RANK)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                               str(DDP_SLOW_RANK), *mode], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
              for r in range(DDP_WORLD)]
     try:
         for p in procs:

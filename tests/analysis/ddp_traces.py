@@ -6,7 +6,11 @@ for the slow one inside `gloo:all_reduce`, and all step times look alike. That i
 cross-rank straggler analysis must see through. The traces carry distributedInfo (rank, world
 size) and ProfilerStep#1..N, as torch.profiler writes them.
 
-    python ddp_traces.py OUT_DIR RANK WORLD_SIZE SLOW_RANK
+With `plain`, the loop is one that never calls `prof.step()` (most training loops, and every loop an
+on-demand capture reaches): the profiler runs across the steps with no schedule, so the trace holds
+the optimizer's own `Optimizer.step#SGD.step` spans and no ProfilerStep#N marker at all.
+
+    python ddp_traces.py OUT_DIR RANK WORLD_SIZE SLOW_RANK [plain]
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import time
 from pathlib import Path
 
 STEPS_ACTIVE = 5
-SLOW_SAMPLE_S = 0.0008     # per sample, 32 samples a batch: ~26 ms more per step on the slow rank
+SLOW_SAMPLE_S = 0.0025     # per sample, 32 samples a batch: ~80 ms more per step on the slow rank (at 0.8 ms,
+                           # ~26 ms, CPU contention at load 12 made other ranks look 10 ms slow, over the tests' 1/4)
 
 
-def main(out: Path, rank: int, world: int, slow_rank: int) -> None:
+def main(out: Path, rank: int, world: int, slow_rank: int, plain: bool = False) -> None:
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -51,6 +56,14 @@ def main(out: Path, rank: int, world: int, slow_rank: int) -> None:
     for _ in range(3):
         step()
     path = out / f"rank-{rank}.json"
+    if plain:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(STEPS_ACTIVE + 1):
+                step()
+        prof.export_chrome_trace(str(path))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=STEPS_ACTIVE, repeat=1),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for _ in range(STEPS_ACTIVE + 2):
@@ -61,4 +74,4 @@ def main(out: Path, rank: int, world: int, slow_rank: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:] == ["plain"])

@@ -1,8 +1,9 @@
 """Real PyTorch (CPU) Kineto traces of the demo trainer's step loop, healthy or with an incident.
 
 The step is the demo trainer's own (`gpulens.up.demo_trainer`): its DataLoader (`batches`), its
-host_sync copy and read, ProfilerStep#N markers. Traced with torch.profiler's Kineto backend, no
-steps schedule, like an on-demand capture. One process per trace:
+host_sync copy and read, and like it no ProfilerStep#N markers (the analysis takes the steps between
+optimizer steps). Traced with torch.profiler's Kineto backend, no steps schedule, like an on-demand
+capture. One process per trace:
 
     python incident_traces.py OUT_FILE none|host_sync|input_starvation [STEPS]
 """
@@ -32,14 +33,13 @@ def main(out: Path, incident: str, steps: int = 8) -> None:
     snapshot = torch.empty_like(activations)
 
     def step(n: int) -> None:
-        with torch.profiler.record_function(f"ProfilerStep#{n}"):
-            x = next(loader)
-            loss = model(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if incident == "host_sync":
-                logging_copy(activations, snapshot)
+        x = next(loader)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if incident == "host_sync":
+            logging_copy(activations, snapshot)
 
     for n in range(2):
         step(n)

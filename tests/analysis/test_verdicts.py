@@ -64,7 +64,8 @@ def test_induced_host_sync_is_supported_with_numbers_and_call_sites(builder, inc
     assert n["share_pct"] >= 5 and n["steps"] == 7 and n["per_step_us"] > 0
     names = {x["name"] for x in n["by_name"]}
     assert {"aten::copy_", "aten::item"} <= names
-    assert n["call_sites"][0]["site"] == "aten::copy_ ← ProfilerStep", n["call_sites"]  # the copy, then its caller
+    # the copy, then its callers: the demo loop has no annotation or Python frame around it to name
+    assert n["call_sites"][0]["site"] == "aten::copy_", n["call_sites"]
     # a CPU-only trace says which evidence cannot exist instead of counting it as zero
     assert any("cudaStreamSynchronize" in c for c in v["checks"]["host_sync"]["cannot_see"])
     assert v["checks"]["noisy_neighbor"]["verdict"] == "inconclusive"
@@ -107,10 +108,11 @@ def test_loader_wait_is_measured_from_dataloader_spans(builder, incident_traces)
     assert s["verdict"]["verdict"] is None and s["verdict"]["alert"] is None  # manual: nothing to judge
     spans = [e for e in raw_events(incident_traces["input_starvation"])
              if e.get("ph") == "X" and str(e.get("name", "")).startswith("enumerate(DataLoader)#")]
-    steps = sorted((e for e in raw_events(incident_traces["input_starvation"])
-                    if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")),
-                   key=lambda e: e["ts"])[:-1]  # HTA drops the last (possibly cut) step
-    in_steps = [e for e in spans if any(st["ts"] <= e["ts"] < st["ts"] + st["dur"] for st in steps)]
+    # no ProfilerStep#N in the demo's loop: a step runs from one optimizer step's end to the next's
+    ends = sorted(e["ts"] + e["dur"] for e in raw_events(incident_traces["input_starvation"])
+                  if e.get("ph") == "X" and str(e.get("name", "")).startswith("Optimizer.step#"))
+    assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in raw_events(incident_traces["input_starvation"]))
+    in_steps = [e for e in spans if any(a <= e["ts"] < b for a, b in zip(ends, ends[1:]))]
     w = s["evidence"]["per_rank"][0]["input_wait"]
     assert w["events"] == len(in_steps) == 7
     assert w["total_us"] == pytest.approx(sum(e["dur"] for e in in_steps), rel=1e-3)
