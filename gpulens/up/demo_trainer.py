@@ -66,6 +66,19 @@ def logging_copy(activations, snapshot) -> float:
     return snapshot[0].item()
 
 
+def train_step(loader, model, opt, incident: str, activations, snapshot) -> None:
+    """One step's PyTorch work (tests/analysis/incident_traces.py traces this very function). No
+    ProfilerStep#N markers, as in most loops: the analysis finds the steps between the optimizer's
+    own spans, numbered by the hook's step count."""
+    x = next(loader)                                     # waits for the next batch
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if incident == "host_sync":
+        logging_copy(activations, snapshot)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--libcuda", required=True, help="path of the stand-in libcuda.so.1")
@@ -108,15 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         if incident != last_incident:
             print(f"demo-trainer rank={rank} incident={incident} step={step}", flush=True)
             last_incident = incident
-        # No ProfilerStep#N markers (a plain loop, as most are): the analysis finds the steps
-        # between the optimizer's own spans, numbered by the hook's step count
-        x = next(loader)                                 # waits for the next batch
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if incident == "host_sync":
-            logging_copy(activations, snapshot)
+        train_step(loader, model, opt, incident, activations, snapshot)
         device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
                     d2h_sync_bytes=args.sync_copy_bytes if incident == "host_sync" else 0)
         if step % 20 == 0:

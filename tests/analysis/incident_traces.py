@@ -1,7 +1,7 @@
 """Real PyTorch (CPU) Kineto traces of the demo trainer's step loop, healthy or with an incident.
 
-The step is the demo trainer's own (`gpulens.up.demo_trainer`): its DataLoader (`batches`), its
-host_sync copy and read, and like it no ProfilerStep#N markers (the analysis takes the steps between
+The step is the demo trainer's own (`gpulens.up.demo_trainer.train_step`): its DataLoader
+(`batches`), its host_sync copy and read, and no ProfilerStep#N markers (the analysis takes the steps between
 optimizer steps). Traced with torch.profiler's Kineto backend, no steps schedule, like an on-demand
 capture. One process per trace:
 
@@ -18,7 +18,7 @@ def main(out: Path, incident: str, steps: int = 8) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from gpulens.up.demo_trainer import batches, logging_copy
+    from gpulens.up.demo_trainer import batches, train_step
 
     torch.set_num_threads(1)
     control = out.with_suffix(".incident")
@@ -32,20 +32,11 @@ def main(out: Path, incident: str, steps: int = 8) -> None:
     activations = torch.randn(16 << 20)
     snapshot = torch.empty_like(activations)
 
-    def step(n: int) -> None:
-        x = next(loader)
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if incident == "host_sync":
-            logging_copy(activations, snapshot)
-
-    for n in range(2):
-        step(n)
+    for _ in range(2):
+        train_step(loader, model, opt, incident, activations, snapshot)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for n in range(2, 2 + steps):
-            step(n)
+        for _ in range(steps):
+            train_step(loader, model, opt, incident, activations, snapshot)
     prof.export_chrome_trace(str(out))
 
 
