@@ -222,13 +222,19 @@ class DriverProbes:
         entries = [(offset, spec.kind) for spec, offset in chosen]
         returns = [(offset, spec.kind) for spec, offset in chosen if spec.ret]
         try:
-            attachment.links.append(_link_uprobe_multi(
-                self._func_fd("on_entry", _BPF_TRACE_UPROBE_MULTI), attachment.path,
-                [o for o, _k in entries], [k for _o, k in entries], ret=False))
+            # Returns before entries (and detach in the reverse order): a process already running
+            # that enters a blocking call between the two attachments must not leave an entry
+            # whose return is never seen. Such an entry stays open for good (the thread's later
+            # calls nest inside it) and its "still blocked" time grows at 1 s/s: a worker measured
+            # as blocked all the time (CI on a55018b: the demo's first pod, whose processes ran
+            # while the probes attached, read a 0.578 blocked share, the mean of 1.0 and 0.156).
             if returns:
                 attachment.links.append(_link_uprobe_multi(
                     self._func_fd("on_return", _BPF_TRACE_UPROBE_MULTI), attachment.path,
                     [o for o, _k in returns], [k for _o, k in returns], ret=True))
+            attachment.links.append(_link_uprobe_multi(
+                self._func_fd("on_entry", _BPF_TRACE_UPROBE_MULTI), attachment.path,
+                [o for o, _k in entries], [k for _o, k in entries], ret=False))
         except Exception as exc:
             for fd in attachment.links:
                 os.close(fd)
@@ -243,8 +249,10 @@ class DriverProbes:
         return True
 
     def _attach_perf(self, attachment: _Attachment, key, chosen, result: AttachResult) -> None:
-        for spec, offset in chosen:
-            for func, kind, tag in ((spec.entry, _BPF_PROBE_ENTRY, "p"), (spec.ret, _BPF_PROBE_RETURN, "r")):
+        # every return probe before any entry probe, for the reason _attach_links gives
+        for ret in (True, False):
+            for spec, offset in chosen:
+                func, kind, tag = (spec.ret, _BPF_PROBE_RETURN, "r") if ret else (spec.entry, _BPF_PROBE_ENTRY, "p")
                 if func is None:
                     continue
                 event = f"{tag}_gpulens_{os.getpid()}_{key[0]:x}_{key[1]:x}_{offset:x}".encode()
@@ -287,10 +295,11 @@ class DriverProbes:
         attachment = self._attachments.pop(key, None)
         if attachment is None:
             return 0
-        for fd in attachment.links:
+        # entries first (attached last): no call can then enter with its return unwatched
+        for fd in reversed(attachment.links):
             os.close(fd)
         legacy = any(os.path.exists(p) for p in _LEGACY_UPROBE_EVENTS)
-        for fd, event in attachment.fds:
+        for fd, event in reversed(attachment.fds):
             self._lib.bpf_close_perf_event_fd(fd)
             if legacy:
                 self._lib.bpf_detach_uprobe(event)   # only probes made through tracefs need this

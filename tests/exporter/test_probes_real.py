@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -139,6 +140,39 @@ def test_blocked_time_shows_while_the_call_is_still_blocked(libcuda, workloads, 
     assert value(scrape(exp), "gpulens_sync_calls_total", pod="cuda-workload") == 1
     assert after >= mid
     assert abs(after - rep["sync_seconds"]) < 0.1
+    w.finish()
+
+
+def test_attaching_to_a_process_inside_its_calls_leaves_none_open(libcuda, workloads, exporter_for, tmp_path,
+                                                                  monkeypatch):
+    """A process already in its loop of blocking calls when the probes attach (a job started before
+    the exporter's pod, the demo's first trainer): no call may be left with its entry seen and its
+    return not watched. Such an entry stays open for good, and the worker reads as blocked all the
+    time (CI on a55018b: 1.0 for one rank; fixed by attaching the return probes first). The window
+    between the library's two attachments is widened to 50 ms (it is microseconds, and the old
+    order failed here 1 run in 3): the order must hold whatever the window."""
+    import gpulens.exporter.probes as probes_module
+    real_link = probes_module._link_uprobe_multi
+
+    def slow_link(*args, **kw):
+        fd = real_link(*args, **kw)
+        if not kw.get("pid"):            # the library's own links (not the safety gate's, in one pid)
+            time.sleep(0.05)
+        return fd
+    monkeypatch.setattr(probes_module, "_link_uprobe_multi", slow_link)
+    w = workloads(libcuda, "--duration", "3", "--kernels", "1", "--kernel-us", "1", "--sync-every", "1",
+                  "--sync-api", "mix")   # ~a blocking call per microsecond of device time: many in flight at attach
+    w.go()                               # calling before any probe is there
+    exp = exporter_for(make_config(tmp_path, libcuda))
+    attached(exp)
+    rep = w.report()                     # the loop is over: the process waits on stdin, in no driver call
+    exp.tick()
+    s = scrape(exp)
+    assert value(s, "gpulens_exporter_map_entries", map="inflight") == 0, "a blocking call left open"
+    assert value(s, "gpulens_sync_calls_total", pod="cuda-workload") > 0    # the probes did see calls
+    # what the probes measured (only after they attached) is at most what the workload timed itself
+    blocked = value(s, "gpulens_sync_wait_seconds_total", pod="cuda-workload")
+    assert blocked <= rep["sync_seconds"] + 40e-6 * rep["sync_calls"], (blocked, rep["sync_seconds"])
     w.finish()
 
 
