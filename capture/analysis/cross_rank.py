@@ -141,13 +141,13 @@ def _numbered_alike(steps: dict[int, list[dict]]) -> tuple[dict[int, list[dict]]
         return steps, kinds.pop()
     ranks = sorted(steps)
     relative = {r: [dict(s, step=k) for k, s in enumerate(steps[r], start=1)] for r in ranks}
-    ref = {s["step"]: s["end_us"] for s in relative[ranks[0]]}
+    ref = {s["step"]: s.get("end_us") for s in relative[ranks[0]]}
     out = {ranks[0]: relative[ranks[0]]}
     for r in ranks[1:]:
         best = None
         for shift in range(-MAX_SHIFT, MAX_SHIFT + 1):
-            gaps = [abs(ref[s["step"] + shift] - s["end_us"]) for s in relative[r]
-                    if s["step"] + shift in ref and s["end_us"] is not None and ref[s["step"] + shift] is not None]
+            gaps = [abs(ref[s["step"] + shift] - s.get("end_us")) for s in relative[r]
+                    if s["step"] + shift in ref and s.get("end_us") is not None and ref[s["step"] + shift] is not None]
             if gaps and (best is None or statistics.median(gaps) < best[0]):
                 best = (statistics.median(gaps), shift)
         if best is not None:
