@@ -68,8 +68,8 @@ class CaptureApi:
             raise ApiUnavailable(0, f"{type(exc).__name__}: {exc}", url, exc) from exc
 
     async def start(self, request: dict[str, Any], *, namespace: str | None = None,
-                    pod: str | None = None) -> tuple[int, dict[str, Any]]:
-        params = {k: v for k, v in (("namespace", namespace), ("pod", pod)) if v}
+                    pod: str | None = None, workload: str | None = None) -> tuple[int, dict[str, Any]]:
+        params = {k: v for k, v in (("namespace", namespace), ("pod", pod), ("workload", workload)) if v}
         return await self.request("POST", "/v1/captures", request, params=params or None)
 
     async def status(self, capture_id: str) -> dict[str, Any]:

@@ -29,7 +29,9 @@ EXAMPLES = {
     "start": """examples:
   gpulens capture start --namespace demo --job demo --wait          # through the gateway; exit 0 / 3 / 4
   gpulens capture start --namespace ml --pod train-0 --duration-ms 5000 --activities cpu_op,kernel
-  gpulens capture start --namespace ml --job train --capture-id c-20261201t101500-0a1b2c3d   # a safe retry""",
+  gpulens capture start --namespace ml --job train --capture-id c-20261201t101500-0a1b2c3d   # a safe retry
+  gpulens capture start --namespace serve --workload Deployment/web --pod web-7f9c8d5b4-x2x9z --peers 1 --wait
+                                                  # a replica and one healthy peer (serving; any gateway)""",
     "status": "example:\n  gpulens capture status c-20261201t101500-0a1b2c3d --json",
     "watch": "example:\n  gpulens capture watch c-20261201t101500-0a1b2c3d      # exit 0 / 3 / 4 like start --wait",
     "cancel": "example:\n  gpulens capture cancel c-20261201t101500-0a1b2c3d",
@@ -66,6 +68,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--job", help="the job id (GPULENS_JOB_ID of its trainer); or route by --pod")
     start.add_argument("--namespace", help="the job's namespace (needed through the gateway)")
     start.add_argument("--pod", help="route by one of the job's pods instead of --job (gateway only)")
+    start.add_argument("--workload", metavar="KIND/NAME",
+                       help="a serving workload (Deployment/NAME, StatefulSet/NAME, LeaderWorkerSet/NAME): with --pod, "
+                            "capture that replica; a Deployment's revision is told from the pod's name, so no --job is "
+                            "needed, also through a cluster's gateway (which knows no pods)")
+    start.add_argument("--peers", type=int, metavar="N",
+                       help="with --pod on a serving workload: also N healthy replicas of its revision, to compare")
+    start.add_argument("--replicas", type=int, metavar="N",
+                       help="a serving workload without --pod: N of its replicas")
     start.add_argument("--attempt", type=int, help="refuse unless this is the job's current attempt (restart count)")
     start.add_argument("--duration-ms", type=int, default=None,
                        help="window length in milliseconds (100..600000; default 2000), or with --iterations the most "
@@ -195,11 +205,21 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
     from .api import ApiError
     from .errors import EXIT_USAGE, Problem, explain
 
+    if args.workload and not (args.pod or args.job):
+        return _fail(Problem(EXIT_USAGE, "--workload needs --pod (or the revision's --job)",
+                             f"pass --workload {args.workload} --pod POD"))
     if not args.job and not args.pod:
         return _fail(Problem(EXIT_USAGE, "say which job to capture",
                              "pass --namespace NS --job JOB (or --namespace NS --pod POD through the gateway)"))
     if args.pod and not args.namespace:
         return _fail(Problem(EXIT_USAGE, "--pod needs --namespace", "pass --namespace NS --pod POD"))
+    if args.peers is not None and not args.pod:
+        return _fail(Problem(EXIT_USAGE, "--peers needs --pod (the replica they are compared with)",
+                             "pass --pod POD --peers N, or --replicas N for any N replicas"))
+    if args.replicas is not None and args.pod:
+        return _fail(Problem(EXIT_USAGE, "--replicas takes any replicas; with --pod use --peers",
+                             "pass --pod POD --peers N, or --replicas N without --pod"))
+    serving = bool(args.workload or args.peers is not None or args.replicas is not None)
     capture_id = args.capture_id or new_capture_id()   # picked before sending: a retry can repeat it
     ctx = replace(ctx, capture_id=capture_id)
     duration_ms = args.duration_ms or (30_000 if args.iterations else 2000)
@@ -212,11 +232,15 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
         reason=CaptureReason(kind="manual", text=args.reason) if args.reason else CaptureReason(),
         requested_by=os.environ.get("USER") or "cli", capture_id=capture_id, iterations=args.iterations,
         iteration_roundup=args.iteration_roundup, baseline=bool(args.baseline), budget_mb=args.budget_mb,
-        activities=activities or DEFAULT_CPU_ACTIVITIES).to_dict()
+        activities=activities or DEFAULT_CPU_ACTIVITIES,
+        # a serving capture names its replica in the request (the coordinator targets it) rather than
+        # routing by it: the gateway finds the revision from --workload and the pod's name
+        pods=(args.pod,) if serving and args.pod else (), peers=args.peers, replicas=args.replicas).to_dict()
     if not args.job:
         del request["job_id"]
     try:
-        _, answer = await api.start(request, namespace=args.namespace, pod=args.pod)
+        _, answer = await api.start(request, namespace=args.namespace, pod=None if serving else args.pod,
+                                    workload=args.workload)
     except ApiError as exc:
         return _fail(explain(exc, ctx))
     capture_id = answer.get("capture_id", capture_id) if isinstance(answer, dict) else capture_id

@@ -25,7 +25,7 @@ EXIT_USAGE = 2
 #: request field (as the servers name it in a 400's `field`) -> the flag a person sets
 FLAGS = {"namespace": "--namespace", "job_id": "--job", "pod": "--pod", "attempt": "--attempt",
          "duration_ms": "--duration-ms", "activities": "--activities", "capture_id": "--capture-id",
-         "reason": "--reason"}
+         "reason": "--reason", "workload": "--workload", "pods": "--pod", "peers": "--peers", "replicas": "--replicas"}
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,10 @@ def explain(exc: ApiError, ctx: Context) -> Problem:
                        "gateway or coordinator is known only there)")
     field = _field_root(body.get("field"))
     flag = FLAGS.get(field)
-    if exc.status == 404 and field in ("job_id", "pod", "namespace"):
+    if exc.status == 404 and field == "pod":
+        return Problem(EXIT_USAGE, error or "no such pod", f"pass --namespace NS --job JOB of a known job, or for a "
+                       f"replica of a serving workload --workload Deployment/NAME with --pod; {known_text}")
+    if exc.status == 404 and field in ("job_id", "namespace"):
         return Problem(EXIT_USAGE, error or "no such job", f"pass --namespace NS --job JOB of a known job; {known_text}")
     if exc.status == 400 and flag:
         hint = f"fix {flag}"

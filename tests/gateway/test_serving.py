@@ -6,6 +6,7 @@ alert is captured exactly as before."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -35,8 +36,11 @@ class _Urls:
         return self.url
 
 
-@pytest.fixture
-async def stack(tmp_path, http):
+@contextlib.asynccontextmanager
+async def serving_stack(tmp_path, http, router=lambda coordinator_url: Router(static={f"serve/{REV}": coordinator_url})):
+    """The gateway in front of revision REV's serving coordinator: (gateway URL, gateway, coordinator).
+    `router` makes the gateway's Router from the coordinator's URL (static routes by default; a
+    cluster's gateway has only a URL template)."""
     for pod, node in PODS.items():
         write_replicas(tmp_path / "registry", {pod: node})
     # write_replicas names the job web-aaaa1: re-home the records under this revision's job id
@@ -57,10 +61,16 @@ async def stack(tmp_path, http):
                 return CaptureApi(http, url, COORDINATOR_TOKEN, timeout_s=2.0)
             gw = Gateway(GatewaySettings(cooldown_s=600, duration_ms=30000, iterations=20,
                                          serving_duration_ms=200, serving_peers=1),
-                         Router(static={f"serve/{REV}": curl}), Ledger.open(tmp_path / "gateway"), api_for)
+                         router(curl), Ledger.open(tmp_path / "gateway"), api_for)
             async with serving(make_app(gw, creds, api_for)) as gurl:
                 yield gurl, gw, c
         await c.close()
+
+
+@pytest.fixture
+async def stack(tmp_path, http):
+    async with serving_stack(tmp_path, http) as s:
+        yield s
 
 
 def serving_alert(pod: str, *, job: str | None = REV, fingerprint: str = "5e7f1e2a9c3b4d60") -> dict:
