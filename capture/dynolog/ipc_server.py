@@ -101,6 +101,8 @@ class KinetoEndpoint:
         self._procs: dict[tuple[int, frozenset[int]], KnownProcess] = {}
         self._gpu_ctx: dict[tuple[int, int], set[int]] = {}
         self.answer_window_s = answer_window_s
+        self._deliveries: list[Delivery] = []   # handed over, reported to on_delivered once answered
+        self._outcomes: list[KinetoOutcome] = []   # what polls said, reported to on_kineto once answered
         self.late_unanswered = 0   # polls that waited past the window, so got no answer
         self._sock: socket.socket | None = None
         self._gc_task: asyncio.Task | None = None
@@ -259,7 +261,7 @@ class KinetoEndpoint:
             queued = _queued_at(anc)
             waited = time.time() - queued if queued is not None else 0.0
             late = waited > self.answer_window_s
-            reply = self.handle(data, late=late)
+            reply = self._handle(data, late=late)
             if late:
                 self.late_unanswered += 1
                 _log.info("ipc.late_poll_unanswered", peer=str(addr), waited_ms=round(waited * 1000),
@@ -269,10 +271,32 @@ class KinetoEndpoint:
                     self._sock.sendto(reply, addr)
                 except OSError as exc:  # the client vanished between its send and our answer
                     _log.debug("ipc.reply_failed", peer=str(addr), error=str(exc))
+            self._report()     # only now: Kineto's answer must not wait for the agent's bookkeeping
 
     def handle(self, datagram: bytes, *, late: bool = False) -> bytes | None:
         """Answer one datagram (None: no answer, as dynolog does for malformed input). `late`: its
         sender gave up waiting: it still counts as a sign of life, but nothing is handed over."""
+        reply = self._handle(datagram, late=late)
+        self._report()
+        return reply
+
+    def _report(self) -> None:
+        """Tell the agent which configs were handed over (`on_delivered`) and what Kineto's polls
+        said (`on_kineto`); both write the target's status to disk. Called after the answer is sent:
+        Kineto waits ~50 ms for it, and an answer held up by a slow write reaches Kineto's *next*
+        poll, 5 s later, where it would make every later answer a poll late and the handed-over
+        config start too late to warm up (seen as a warm-up refusal on a busy node)."""
+        while self._deliveries or self._outcomes:
+            if self._outcomes:
+                outcome = self._outcomes.pop(0)
+                if self.on_kineto is not None:
+                    self.on_kineto(outcome)
+            else:
+                delivery = self._deliveries.pop(0)
+                if self.on_delivered is not None:
+                    self.on_delivered(delivery)
+
+    def _handle(self, datagram: bytes, *, late: bool = False) -> bytes | None:
         try:
             msg_type, payload = ipcwire.unpack(datagram)
             if msg_type.startswith("req"):
@@ -311,12 +335,10 @@ class KinetoEndpoint:
             self._watch.on_fetch(key, req.job_id, proc.leaf, proc.pending_trace_id, proc.pending)
             proc.pending = proc.pending_trace_id = None
             _log.info("ipc.config_fetched", job=req.job_id, pid=proc.leaf, trace_id=delivery.trace_id)
-            if self.on_delivered is not None:
-                self.on_delivered(delivery)
+            self._deliveries.append(delivery)
         return ipcwire.pack("req", config)
 
     def _kineto_said(self, outcome: KinetoOutcome) -> None:
         _log.info("ipc.kineto_" + outcome.kind, job=outcome.job_id, pid=outcome.pid, trace_id=outcome.trace_id,
                   cause=outcome.cause, held_trace_id=outcome.held_trace_id)
-        if self.on_kineto is not None:
-            self.on_kineto(outcome)
+        self._outcomes.append(outcome)

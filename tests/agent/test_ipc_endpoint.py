@@ -131,6 +131,42 @@ async def test_polls_kineto_gave_up_on_get_no_answer_so_later_answers_are_not_be
     assert endpoint.late_unanswered == 3
 
 
+async def test_the_answer_does_not_wait_for_the_agents_slow_bookkeeping(sock_dir, poller_factory):
+    """The agent records each handed-over config and each thing Kineto's polls said by writing the
+    target's status (on_delivered, on_kineto): on a busy node such a write can take longer than the
+    ~50 ms Kineto waits for its answer. The answer must go out first: held up, it would reach Kineto's
+    next poll 5 s later, the config with it, too late to warm up (seen: a warm-up refusal on the
+    two-node cluster's rank 3, after its agent resumed)."""
+    deliveries, outcomes = [], []
+
+    def slow_write(into):
+        def record(x):
+            time.sleep(0.3)               # a status write stuck behind a busy disk
+            into.append(x)
+        return record
+    ep = KinetoEndpoint(sock_dir, on_delivered=slow_write(deliveries), on_kineto=slow_write(outcomes))
+    await ep.start()
+    try:
+        worker = poller_factory(sock_dir, 7, [100])
+        assert await worker.apoll() == ""                    # registered
+        ep.trigger(CONFIG, [100], 7, trace_id="88")
+        got = await asyncio.to_thread(worker.poll, 3, KINETO_ANSWER_WAIT_S)    # Kineto's own wait
+        assert got is not None and "REQUEST_TRACE_ID=88" in got, "the answer waited for the status write"
+        deadline = time.monotonic() + 5
+        while not deliveries and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [d.trace_id for d in deliveries] == ["88"]    # still recorded, after the answer
+        # a poll whose news (Kineto went busy: the trace started) the agent records: answered in time too
+        got = await asyncio.to_thread(worker.poll, 0, KINETO_ANSWER_WAIT_S)
+        assert got == "", "the answer waited for the status write"
+        while not outcomes and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [o.kind for o in outcomes] == ["started"]
+        assert worker.queued_answers() == 0
+    finally:
+        await ep.stop()
+
+
 async def test_peers_outside_the_socket_dir_are_never_answered(endpoint, sock_dir, poller_factory, tmp_path):
     """Kineto terminates the trainer if the answer's sender path is not under its own socket dir;
     a trainer that reached us under another folder name must get silence, not an answer."""
