@@ -57,7 +57,7 @@ class _Cats:
     python: int | None
 
 
-def measure(trace: Any, gpu_ranks: tuple[int, ...], first_steps: dict[int, int] | None = None) -> dict[str, Any]:
+def measure(trace: Any, gpu_ranks: tuple[int, ...], first_steps: dict[int, int | None] | None = None) -> dict[str, Any]:
     """{"per_rank": [...]} for every rank of an HTA `Trace` (`ta.t`); `first_steps`: per rank, the
     manifest's first optimizer step of the trace, where the capture has one (numbers the steps)."""
     names = trace.symbol_table.get_sym_table()

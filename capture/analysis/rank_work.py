@@ -165,8 +165,7 @@ def _analyse(trace, job: RankJob, out: dict[str, Any], log: EventLogger) -> None
     except Exception as exc:  # noqa: BLE001 - the cross-rank section then leaves this rank out
         log.warning("steps.failed", error=f"{type(exc).__name__}: {exc}"[:300])
     try:
-        out["evidence"]["rank"] = measure(trace, contents.gpu_ranks, {job.artifact.rank: first} if first is not None
-                                          else None)["per_rank"][0]
+        out["evidence"]["rank"] = measure(trace, contents.gpu_ranks, {job.artifact.rank: first})["per_rank"][0]
     except Exception as exc:  # noqa: BLE001 - pandas/HTA raise bare builtins; the verdict says why
         out["evidence"]["error"] = f"{type(exc).__name__}: {exc}"[:500]
         log.warning("evidence.failed", error=out["evidence"]["error"])
@@ -176,7 +175,7 @@ def _first_optimizer_step(artifact) -> int | None:
     """The trace's first optimizer step by the hook's count, where the manifest has it (an
     iteration capture of a process that publishes its steps): numbers the steps of a trace
     without ProfilerStep#N markers the same on every rank."""
-    it = getattr(artifact, "iterations", None) or {}
+    it = artifact.iterations or {}
     first = it.get("first") if it.get("numbering") == "optimizer_step" else None
     return int(first) if isinstance(first, int) else None
 

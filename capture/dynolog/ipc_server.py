@@ -101,8 +101,8 @@ class KinetoEndpoint:
         self._procs: dict[tuple[int, frozenset[int]], KnownProcess] = {}
         self._gpu_ctx: dict[tuple[int, int], set[int]] = {}
         self.answer_window_s = answer_window_s
-        self._deliveries: list[Delivery] = []   # handed over, reported to on_delivered once answered
-        self._outcomes: list[KinetoOutcome] = []   # what polls said, reported to on_kineto once answered
+        # on_delivered / on_kineto calls of the datagram being answered, in order: run once it is answered
+        self._after_answer: list[Callable[[], None]] = []
         self.late_unanswered = 0   # polls that waited past the window, so got no answer
         self._sock: socket.socket | None = None
         self._gc_task: asyncio.Task | None = None
@@ -286,15 +286,9 @@ class KinetoEndpoint:
         Kineto waits ~50 ms for it, and an answer held up by a slow write reaches Kineto's *next*
         poll, 5 s later, where it would make every later answer a poll late and the handed-over
         config start too late to warm up (seen as a warm-up refusal on a busy node)."""
-        while self._deliveries or self._outcomes:
-            if self._outcomes:
-                outcome = self._outcomes.pop(0)
-                if self.on_kineto is not None:
-                    self.on_kineto(outcome)
-            else:
-                delivery = self._deliveries.pop(0)
-                if self.on_delivered is not None:
-                    self.on_delivered(delivery)
+        calls, self._after_answer = self._after_answer, []
+        for call in calls:
+            call()
 
     def _handle(self, datagram: bytes, *, late: bool = False) -> bytes | None:
         try:
@@ -335,10 +329,12 @@ class KinetoEndpoint:
             self._watch.on_fetch(key, req.job_id, proc.leaf, proc.pending_trace_id, proc.pending)
             proc.pending = proc.pending_trace_id = None
             _log.info("ipc.config_fetched", job=req.job_id, pid=proc.leaf, trace_id=delivery.trace_id)
-            self._deliveries.append(delivery)
+            if self.on_delivered is not None:
+                self._after_answer.append(lambda on=self.on_delivered, d=delivery: on(d))
         return ipcwire.pack("req", config)
 
     def _kineto_said(self, outcome: KinetoOutcome) -> None:
         _log.info("ipc.kineto_" + outcome.kind, job=outcome.job_id, pid=outcome.pid, trace_id=outcome.trace_id,
                   cause=outcome.cause, held_trace_id=outcome.held_trace_id)
-        self._outcomes.append(outcome)
+        if self.on_kineto is not None:
+            self._after_answer.append(lambda on=self.on_kineto, o=outcome: on(o))
