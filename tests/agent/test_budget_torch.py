@@ -90,7 +90,7 @@ async def test_a_few_mib_budget_chooses_fewer_iterations_and_the_trace_stays_ins
 
                 # 2. a few MiB, less than 10 such iterations: fewer are chosen, and the trace fits
                 budget_mb = max(2, math.ceil(per_iteration * 4 / MIB))
-                assert budget_mb <= 8 and budget_mb * MIB < 10 * per_iteration
+                assert budget_mb <= 8 and budget_mb * MIB < 10 * per_iteration, (art, first.to_status(full=True))
                 second, _ = c.start(CaptureRequest(job_id=JOB, duration_ms=60_000, iterations=10, iteration_roundup=5,
                                                    activities=("cpu_op", "user_annotation"), budget_mb=budget_mb))
                 chosen = second.request.iterations

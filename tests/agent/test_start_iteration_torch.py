@@ -129,4 +129,5 @@ async def test_a_rank_held_back_past_the_start_misses_it_and_the_other_stays_ali
     assert late.reason.value == "missed_start", late
     assert f"iteration {plan.iteration}" in late.detail
     on_time = done["rank-0"]
-    assert on_time.state.value == "archived" and on_time.artifact.iterations["first"] == first_traced_step(plan.iteration)
+    assert on_time.state.value == "archived", on_time
+    assert on_time.artifact.iterations["first"] == first_traced_step(plan.iteration), on_time
