@@ -4,7 +4,9 @@
 #   2. the header links bcc needs when the running kernel ships no headers of its own;
 #   3. .venv/ at the repo root with the pinned dependencies and gpulens installed editable;
 #   4. Debian's bcc module made importable from .venv without shadowing the venv's packages;
-#   5. the Helm CLI (v3.16.4, pinned by SHA-256) at .venv/bin/helm (scripts/install_helm.py).
+#   5. the Helm CLI (v3.16.4, pinned by SHA-256) at .venv/bin/helm (scripts/install_helm.py);
+#   6. kubectl at .venv/bin/kubectl: Debian's kubernetes-client, the version of the test cluster's
+#      Kubernetes (built from the same Debian source package), whatever kubectl the machine has.
 # Re-running it does only what is missing. Progress goes to stderr, one line per step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,5 +85,21 @@ fi
 if [ ! -x .venv/bin/helm ] || ! .venv/bin/helm version --short 2>/dev/null | grep -q '^v3.16.4'; then
   say "installing the Helm CLI into .venv/bin/helm"
   .venv/bin/python scripts/install_helm.py .venv/bin/helm
+fi
+# kubectl for the README's lines run as typed (tests/cluster/readme_install.py): Debian 12's
+# kubernetes-client, built from the same source package as the test cluster (cluster/build.sh), so
+# client and server are one version (a machine's own kubectl may be many minors newer, outside
+# kubectl's skew policy). Not pinned to a Debian revision: the mirror keeps only the current one.
+if [ ! -x .venv/bin/kubectl ] || [ ! -s .venv/.kubectl-deb ]; then
+  say "installing kubectl (Debian's kubernetes-client) into .venv/bin/kubectl"
+  tmp=$(mktemp -d); chmod 755 "$tmp"
+  if ! (cd "$tmp" && apt-get download -q kubernetes-client >&2 2>/dev/null); then
+    apt-get update -q >&2
+    (cd "$tmp" && apt-get download -q kubernetes-client >&2)
+  fi
+  dpkg-deb -x "$tmp"/kubernetes-client_*.deb "$tmp/x"
+  install -m 755 "$tmp/x/usr/bin/kubectl" .venv/bin/kubectl
+  dpkg-deb -f "$tmp"/kubernetes-client_*.deb Version > .venv/.kubectl-deb
+  rm -rf "$tmp"
 fi
 say "ready: $ROOT/.venv ($(.venv/bin/python -c 'import gpulens; print("gpulens", gpulens.__version__)'))"

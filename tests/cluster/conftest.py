@@ -214,7 +214,7 @@ def grafana(cluster):
 
 
 @pytest.fixture(scope="package")
-def release(cluster, api, gpulens_image, s3, grafana):
+def release(cluster, api, gpulens_image, s3, grafana, tmp_path_factory):
     """The chart installed once for the cluster tests by the README's own lines (values file, kubectl and
     helm commands: tests/cluster/readme_install.py), archiving to the S3 server and annotating the
     Grafana double.
@@ -222,7 +222,7 @@ def release(cluster, api, gpulens_image, s3, grafana):
     Not uninstalled: the cluster's `down` (test_9, then the session's end) takes every object with
     it, and test_9 checks `down` with the release running."""
     install = readme_install(gpulens_image, s3.endpoint, grafana.url)
-    out = install.run(api, cluster.kubeconfig, REPO, exists_ok=lambda status: REUSE and status == 409)
+    out = install.run(cluster.kubeconfig, REPO, tmp_path_factory.mktemp("readme-install"), rerun=REUSE)
     if REUSE:
         restart_release_pods(api)
     return out

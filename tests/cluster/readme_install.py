@@ -1,20 +1,21 @@
 """The README's test-cluster install, run as written: its values block and its command lines.
 
-Neither `kubectl` nor `helm` can be obtained on these machines (no Go module proxy, no Debian
-package), so each README line is translated into the call the CLI would make — the Kubernetes API
-(the `kubernetes` client) and Helm's own engine (helm-python-sdk, the Go library behind `helm`).
-Only the few command shapes the README uses are understood; any other line is an error, so the
-README cannot show a command the tests do not run."""
+Each line runs as typed, by bash, with the `kubectl` (Debian's kubernetes-client, the cluster's
+own version) and `helm` (the pinned v3.16.4 binary) that scripts/setup.sh puts into .venv/bin, and
+the values file written as the README shows it. The lines are also parsed into steps (`parse`), so
+the offline tests can check what the install does against the fixtures without a cluster; a line
+of a shape they do not know is an error, so the README cannot show a command nobody checked."""
 
 from __future__ import annotations
 
-import base64
 import json
+import os
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -115,23 +116,18 @@ def parse(commands: str) -> list[Step]:
     return steps
 
 
-def _set(values: dict, dotted: str) -> None:
-    """`helm --set a.b=c` (strings only, as the README uses it)."""
-    key, _, value = dotted.partition("=")
-    *path, last = key.split(".")
-    node = values
-    for p in path:
-        node = node.setdefault(p, {})
-    node[last] = value
-
-
 @dataclass
 class Install:
     """The README's install, parsed and with its placeholders filled."""
 
     values_name: str                # the file name the helm line reads (-f)
-    values: dict[str, Any]
+    values_text: str                # the values block as the README shows it, placeholders filled
+    lines: list[str]                # the command lines as the README shows them, placeholders filled
     steps: list[Step]
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return yaml.safe_load(self.values_text)
 
     @classmethod
     def from_readme(cls, readme: Path, env: dict[str, str], marks: tuple[str, str] = (VALUES_MARK, COMMANDS_MARK)
@@ -144,54 +140,66 @@ class Install:
         name = re.match(r"#\s*(\S+\.ya?ml)", first)
         if not name:
             raise ReadmeError(f"the values block must start with '# <file>.yaml' (got {first!r})")
-        values = yaml.safe_load(substitute(values_text, env))
-        steps = parse(substitute(block(text, marks[1], "bash"), env))
+        commands = substitute(block(text, marks[1], "bash"), env)
+        steps = parse(commands)
         helm = [s for s in steps if s.verb == "helm-install"]
         if len(helm) != 1 or helm[0].args["values_file"] != name.group(1):
             raise ReadmeError(f"expected one `helm install ... -f {name.group(1)}` line")
-        return cls(name.group(1), values, steps)
+        lines = [raw for raw in commands.splitlines() if raw.strip() and not raw.strip().startswith("#")]
+        return cls(name.group(1), substitute(values_text, env), lines, steps)
 
     @property
     def helm(self) -> Step:
         return next(s for s in self.steps if s.verb == "helm-install")
 
-    def run(self, api, kubeconfig: str, repo: Path, exists_ok: Callable[[int], bool] = lambda status: False):
-        """Run each step in order; returns the Helm release. `exists_ok(409)` lets a kept
-        development cluster (GPULENS_CLUSTER_REUSE) take the same steps twice."""
-        from helm_python import Config
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-        release = None
-        for step in self.steps:
-            a = step.args
-            try:
-                if step.verb == "namespace":
-                    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=a["name"])))
-                elif step.verb == "secret":
-                    api.create_namespaced_secret(a["namespace"], client.V1Secret(
-                        metadata=client.V1ObjectMeta(name=a["name"]),
-                        data={k: base64.b64encode(v.encode()).decode() for k, v in a["data"].items()}))
-                elif step.verb == "secret-patch":
-                    # What `kubectl patch --type merge` sends; the apiserver folds stringData into data.
-                    api.patch_namespaced_secret(a["name"], a["namespace"], {"stringData": a["data"]},
-                                                _content_type="application/merge-patch+json")
-                elif step.verb == "label":
-                    api.patch_namespace(a["name"], {"metadata": {"labels": a["labels"]}})
-                else:
-                    values = yaml.safe_load(yaml.safe_dump(self.values))
-                    for s in a["sets"]:
-                        _set(values, s)
-                    cfg = Config(kubeconfig_path=kubeconfig, namespace=a["namespace"])
-                    chart = str((repo / a["chart"]).resolve())
-                    wait = "watcher" if a["wait"] else None
-                    if exists_ok(409) and any(r.get("name") == a["release"]
-                                              for r in cfg.list(name_filter=f"^{re.escape(a['release'])}$") or []):
-                        release = cfg.upgrade(chart, a["release"], values, namespace=a["namespace"], wait=wait,
-                                              timeout=a["timeout_s"])
-                    else:
-                        release = cfg.install(chart, a["release"], values, namespace=a["namespace"], wait=wait,
-                                              timeout=a["timeout_s"])
-            except ApiException as e:
-                if not exists_ok(e.status):
-                    raise
-        return release
+    def run(self, kubeconfig: str, repo: Path, workdir: Path, *, rerun: bool = False,
+            timeout_s: float = 900) -> list[Ran]:
+        """Run each README line as typed, in order, by bash, with the set-up's `kubectl` (the
+        cluster's version) and `helm` first on PATH, in `workdir`: the values file written there
+        as the README shows it, and `./helm` the repository's chart folder (a link, so nothing is
+        written into the checkout). A failing line raises with its output.
+
+        `rerun`: the install was run on this cluster before (a kept development cluster, or
+        test_8 putting `gl` back): a `kubectl create` of an object that exists is accepted, and
+        the `helm install` line runs again as `helm upgrade` with the same arguments."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / self.values_name).write_text(self.values_text)
+        link = workdir / "helm"
+        if not link.exists():
+            link.symlink_to(repo / "helm", target_is_directory=True)
+        tools = repo / ".venv" / "bin"
+        env = dict(os.environ, PATH=f"{tools}:{os.environ.get('PATH', '/usr/bin:/bin')}", KUBECONFIG=kubeconfig,
+                   HELM_CACHE_HOME=str(workdir / ".helm-cache"), HELM_CONFIG_HOME=str(workdir / ".helm-config"),
+                   HELM_DATA_HOME=str(workdir / ".helm-data"))
+        ran = []
+        for line in self.lines:
+            done = _bash(line, workdir, env, timeout_s)
+            if done.returncode and rerun:
+                argv = shlex.split(line.split(" #", 1)[0])
+                if argv[:2] == ["kubectl", "create"] and "AlreadyExists" in done.stderr:
+                    ran.append(done)
+                    continue
+                if argv[:2] == ["helm", "install"] and "cannot re-use a name" in done.stderr:
+                    line = "helm upgrade " + line.split("helm install", 1)[1]
+                    done = _bash(line, workdir, env, timeout_s)
+            if done.returncode:
+                raise ReadmeError(f"the README line {line!r} exited {done.returncode}:\n{done.stdout[-2000:]}"
+                                  f"{done.stderr[-4000:]}")
+            ran.append(done)
+        return ran
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One README line as bash ran it."""
+
+    line: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _bash(line: str, cwd: Path, env: dict[str, str], timeout_s: float) -> Ran:
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=cwd, env=env, capture_output=True, check=False,
+                       text=True, timeout=timeout_s)
+    return Ran(line, p.returncode, p.stdout, p.stderr)

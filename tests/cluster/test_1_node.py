@@ -4,12 +4,15 @@ apiserver reachable from pods at its Service IP."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from .harness import BB, NODE, cluster_sh, wait_until
+from .harness import BB, NODE, REPO, cluster_sh, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -46,6 +49,17 @@ def test_node_ready_and_status(cluster, api):
     r = cluster_sh("status")
     assert r.returncode == 0, r.stdout
     assert "stopped" not in r.stdout and f"node {NODE} Ready" in r.stdout
+
+
+def test_the_setups_kubectl_is_the_clusters_version_and_reaches_it(cluster):
+    """The README's lines run with .venv/bin/kubectl (scripts/setup.sh): Debian's client of the
+    cluster's own version, whatever kubectl the machine has on its PATH."""
+    kubectl = REPO / ".venv" / "bin" / "kubectl"
+    out = subprocess.run([str(kubectl), "version", "-o", "json"], capture_output=True, text=True, check=False,
+                         timeout=60, env=dict(os.environ, KUBECONFIG=cluster.kubeconfig))
+    assert out.returncode == 0, out.stderr
+    versions = json.loads(out.stdout)
+    assert versions["clientVersion"]["gitVersion"] == versions["serverVersion"]["gitVersion"] == "v1.20.2", versions
 
 
 def test_pod_runs_in_kubelet_cgroups(cluster, api, toolbox, namespace):

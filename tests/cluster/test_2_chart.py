@@ -1,4 +1,4 @@
-"""The chart installed for real (helm-python-sdk, the project's Helm engine) with the image from
+"""The chart installed for real (the README's lines, run by bash with `helm` and `kubectl`) with the image from
 image/: every pod Ready, the exporter with exactly its capabilities, two operators with one
 leader, the webhook called by the apiserver over TLS (a Job's pod in an opted-in namespace is
 armed and gets a coordinator), no 403 in any log, and a verb the chart does not grant refused."""

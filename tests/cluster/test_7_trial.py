@@ -36,12 +36,12 @@ def _uninstall_earlier_release(cluster, api) -> None:
 
 
 @pytest.fixture(scope="module")
-def trial(cluster, api, gpulens_image) -> Install:
+def trial(cluster, api, gpulens_image, tmp_path_factory) -> Install:
     _uninstall_earlier_release(cluster, api)
     repo, _, tag = gpulens_image.rpartition(":")
     install = Install.from_readme(REPO / "README.md", {"VERSION": tag, "ARCHIVE_DIR": str(ARCHIVE)}, TRIAL_MARKS)
     assert install.values["image"]["repository"] == repo, "the README's trial installs another image"
-    install.run(api, cluster.kubeconfig, REPO)
+    install.run(cluster.kubeconfig, REPO, tmp_path_factory.mktemp("readme-trial"))
     yield install
     if REUSE:      # a kept cluster's next session installs `gl` again: one node, one release
         from helm_python import Config

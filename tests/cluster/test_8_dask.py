@@ -15,11 +15,19 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from .harness import CHART, NS, RELEASE, REPO, pod_log, readme_install, wait_until
-from .workload import JOB, armed_namespace, capture_status, start_capture, start_trainer, wait_converged
+from .workload import (
+    JOB,
+    armed_namespace,
+    capture_status,
+    start_capture,
+    start_trainer,
+    wait_converged,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(2400)]
 
@@ -77,11 +85,12 @@ def _upgrade(cluster, api, values: dict, *, reuse: bool) -> float:
     return time.monotonic() - t0
 
 
-def _release_gl(cluster, api, gpulens_image, s3, grafana) -> dict:
+def _release_gl(cluster, api, gpulens_image, s3, grafana, work: Path) -> dict:
     """Release `gl` as the `release` fixture installs it (the README's lines), the trial's `lens`
     uninstalled first if test_7 left it (its host-network agent holds the node's ports). Returns
     gl's user-supplied values."""
     from helm_python import Config
+
     from .readme_install import TRIAL_MARKS, Install
     trial = Install.from_readme(REPO / "README.md", {"VERSION": "x", "ARCHIVE_DIR": "/x"}, TRIAL_MARKS).helm.args
     cfg = Config(kubeconfig_path=cluster.kubeconfig, namespace=trial["namespace"])
@@ -91,16 +100,16 @@ def _release_gl(cluster, api, gpulens_image, s3, grafana) -> dict:
             p for p in api.list_namespaced_pod(trial["namespace"]).items
             if (p.metadata.labels or {}).get("app.kubernetes.io/instance") == trial["release"]], 300, 1)
     install = readme_install(gpulens_image, s3.endpoint, grafana.url)
-    install.run(api, cluster.kubeconfig, REPO, exists_ok=lambda status: status == 409)
+    install.run(cluster.kubeconfig, REPO, work, rerun=True)     # `gl` was installed by these lines before
     wait_until(f"release {RELEASE}'s pods Ready", lambda: (lambda pods: pods and len(_ready(pods)) == len(pods))(
         api.list_namespaced_pod(NS).items), 300, 1)
     return Config(kubeconfig_path=cluster.kubeconfig, namespace=NS).get_values(RELEASE)
 
 
 @pytest.fixture(scope="module")
-def dask_release(cluster, api, gpulens_image, s3, grafana, release) -> dict:
+def dask_release(cluster, api, gpulens_image, s3, grafana, release, tmp_path_factory) -> dict:
     """gl upgraded to its own two-worker Dask cluster; back to the README's values at the end."""
-    readme_values = _release_gl(cluster, api, gpulens_image, s3, grafana)
+    readme_values = _release_gl(cluster, api, gpulens_image, s3, grafana, tmp_path_factory.mktemp("readme-gl"))
     assert not (readme_values.get("dask") or {}).get("enabled"), readme_values
     assert _operator_config(api)["coordinator"]["analysis_scheduler"] == ""
     try:
