@@ -54,9 +54,11 @@ LABEL org.opencontainers.image.title="gpulens" \
       org.opencontainers.image.url="https://gpulens.dev" \
       org.opencontainers.image.source="https://gpulens.dev/source" \
       org.opencontainers.image.base.name="debian:bookworm-slim"
-# Debian's Python 3.11 and bcc (python3-bpfcc: libbcc with its clang/LLVM, the exporter's compiler).
+# Debian's Python 3.11 and bcc (python3-bpfcc: libbcc with its clang/LLVM, the exporter's compiler);
+# busybox-static: the static shell the webhook's init container runs inside a trainer's own image
+# (capture/operator/arming.py, image_env_container), which need not have one.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-bpfcc \
+ && apt-get install -y --no-install-recommends python3 python3-bpfcc busybox-static \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log \
  && useradd --system --uid 65532 --user-group --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin gpulens

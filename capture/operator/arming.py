@@ -5,7 +5,9 @@ people who arm by hand, and a test checks the two agree. Arming adds the trainer
 an init container into an emptyDir on PYTHONPATH), its environment (job id and attempt through
 the downward API from the pod's own labels, so the snippet needs them written only once), the
 hostPath registry/trace/socket folders the node agent shares, and the labels the operator groups
-by. It never removes or overrides anything the pod already sets (except prefixing PYTHONPATH).
+by. It never removes or overrides anything the pod already sets (except prefixing PYTHONPATH);
+a PYTHONPATH the trainer's image sets is read by an init container of that image and put back
+after the hook's folder by the hook itself (`image_env_container`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from .config import ArmingConfig
 from .jobs import attempt_of_pod, job_of_pod, serving_of_pod
 from .launcher import local_world_size
 
-__all__ = ["ArmingResult", "arm_pod", "armed_pod", "HOOK_VOLUME", "INIT_CONTAINER"]
+__all__ = ["HOOK_VOLUME", "IMAGE_ENV_CONTAINER", "IMAGE_ENV_DIR", "INIT_CONTAINER", "ArmingResult", "arm_pod",
+           "armed_pod", "image_env_container"]
 
 HOOK_VOLUME = "gpulens-hook"
 INIT_CONTAINER = "gpulens-hook"
+IMAGE_ENV_CONTAINER = "gpulens-image-env"     # + "-<n>": one per armed container whose PYTHONPATH the image sets
+IMAGE_ENV_DIR = "image-env"                   # <hook>/image-env/<container>/PYTHONPATH (hooks/site/_gpulens_imagepath.py)
+BUSYBOX = ".bin/busybox"                      # <hook>/.bin/busybox: a static shell for the image-env container
 _VOLUMES = ("registry", "traces", "sockets")
 
 
@@ -76,12 +82,38 @@ def init_container(cfg: ArmingConfig, image: str) -> dict[str, Any]:
     return {
         "name": INIT_CONTAINER,
         "image": image,
-        "command": ["sh", "-c", f'cp -R "$(gpulens hook-path)/." {cfg.hook_mount_path}/'],
+        "command": ["sh", "-c", (f'cp -R "$(gpulens hook-path)/." {cfg.hook_mount_path}/ && '
+                                 f'mkdir -p {cfg.hook_mount_path}/.bin && '
+                                 f'cp "$(command -v busybox)" {cfg.hook_mount_path}/{BUSYBOX}')],
         "volumeMounts": [{"name": HOOK_VOLUME, "mountPath": cfg.hook_mount_path}],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "allowPrivilegeEscalation": False,
                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
     }
+
+
+def image_env_container(cfg: ArmingConfig, container: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """An init container of the trainer's own image that writes the `PYTHONPATH` that image's
+    `ENV` (or the container's `envFrom`) gives, for the hook to put back on sys.path after its own
+    folder: the pod's `PYTHONPATH`, which arming must set to load the hook, replaces the image's
+    (Kubernetes lets a container's `env` win over its image's), and a trainer importing from a
+    folder only its image names would break. It runs the static busybox the hook container copied
+    (`sh` need not exist in the image), as nobody, without the image's entrypoint."""
+    out_dir = f"{cfg.hook_mount_path}/{IMAGE_ENV_DIR}/{container.get('name', '')}"
+    c: dict[str, Any] = {
+        "name": f"{IMAGE_ENV_CONTAINER}-{n}",
+        "image": container.get("image"),
+        "command": [f"{cfg.hook_mount_path}/{BUSYBOX}", "sh", "-c",
+                    f'mkdir -p "{out_dir}" && printf %s "${{PYTHONPATH-}}" > "{out_dir}/PYTHONPATH"'],
+        "volumeMounts": [{"name": HOOK_VOLUME, "mountPath": cfg.hook_mount_path}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "allowPrivilegeEscalation": False,
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+    }
+    for key in ("imagePullPolicy", "envFrom"):
+        if container.get(key):
+            c[key] = copy.deepcopy(container[key])
+    return c
 
 
 def _gpu_count(container: Mapping[str, Any]) -> int | None:
@@ -176,10 +208,13 @@ def armed_pod(pod: Mapping[str, Any], namespace: str, cfg: ArmingConfig, image: 
     s = out.setdefault("spec", {})
     have = {v.get("name") for v in s.get("volumes") or []}
     s["volumes"] = list(s.get("volumes") or []) + [v for v in hook_volumes(cfg) if v["name"] not in have]
-    s["initContainers"] = list(s.get("initContainers") or []) + [init_container(cfg, image)]
+    inits = [init_container(cfg, image)]
     for c in s["containers"]:
         if c.get("name") in targets:
+            if not any(e.get("name") == "PYTHONPATH" for e in c.get("env") or []):
+                inits.append(image_env_container(cfg, c, len(inits)))
             _arm_container(c, cfg, warnings)
+    s["initContainers"] = list(s.get("initContainers") or []) + inits
     return out, ArmingResult(reason="armed", warnings=tuple(warnings), job_id=job.job_id)
 
 

@@ -20,7 +20,7 @@ import yaml
 
 from .harness import (BB, KUBECONFIG, NS, RELEASE, REPO, TOOLBOX, MachineState, cluster_sh, down,
                       machine_state, readme_install, up, wait_until)
-from .workload import gateway
+from .workload import gateway, torch_site
 
 #: The node's address on the pod bridge: pods reach the host there (the apiserver, DNS, and the
 #: tests' S3 server).
@@ -83,20 +83,33 @@ def load_toolbox(tmp_dir: Path) -> str:
 
 
 def load_gpulens_image(tmp_dir: Path) -> str:
-    """The image/ room's image, built (cached by its context hash) and imported into every node."""
+    """The image/ room's image, built (cached by its context hash) and imported into every node,
+    with its child `own_pythonpath_image(name)` in the same archive (their layers stored once)."""
     if not (REPO / "image" / "build.sh").exists():
         pytest.fail("image/build.sh is missing: the cluster runs the image from the image room")
     r = subprocess.run(["bash", str(REPO / "image" / "build.sh")], capture_output=True, text=True, timeout=3000)
     assert r.returncode == 0, r.stderr[-6000:]
     name = r.stdout.strip().splitlines()[-1]
+    child = own_pythonpath_image(name)
+    (tmp_dir / "Containerfile").write_text(f"FROM {name}\nENV PYTHONPATH={torch_site()}\n")
+    b = subprocess.run(["bash", str(REPO / "image" / "podman"), "build", "--pull=never", "-q", "-t", child,
+                        "-f", str(tmp_dir / "Containerfile"), str(tmp_dir)], capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr
     tar = tmp_dir / "gpulens.tar"
-    s = subprocess.run(["bash", str(REPO / "image" / "podman"), "save", "-o", str(tar), name],
+    s = subprocess.run(["bash", str(REPO / "image" / "podman"), "save", "-m", "-o", str(tar), name, child],
                        capture_output=True, text=True, timeout=900)
     assert s.returncode == 0, s.stderr
     r = cluster_sh("load", str(tar), timeout=900)
     assert r.returncode == 0, r.stderr
     tar.unlink()
     return name
+
+
+def own_pythonpath_image(gpulens_image: str) -> str:
+    """A trainer image of someone else's shape: the gpulens image with `ENV PYTHONPATH` naming the
+    folder torch is imported from (this machine's venv, mounted by trainer_job at the same path),
+    so its trainer imports torch only if that image's PYTHONPATH survives arming (issue 43)."""
+    return f"localhost/trainer-own-pythonpath:{gpulens_image.rpartition(':')[2]}"
 
 
 @pytest.fixture(scope="package")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REUSE
+from .conftest import REUSE, own_pythonpath_image
 from .harness import NS, RELEASE, REPO, STATE, wait_until
 from .readme_install import TRIAL_MARKS, Install
 from .workload import JOB, call, start_trainer
@@ -63,14 +63,28 @@ def _gateway(api, namespace: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def trainer(trial, api, gpulens_image):
-    """The trainer Job in the namespace the README arms: (namespace, pod)."""
+    """The trainer Job in the namespace the README arms: (namespace, pod). Its image is someone
+    else's shape: torch's folder is on the image's own `ENV PYTHONPATH`, the pod sets none, so the
+    trainer imports torch only if arming keeps that path (issue 43)."""
     ns = _armed_namespace(trial)
-    return ns, start_trainer(api, ns, gpulens_image)
+    return ns, start_trainer(api, ns, own_pythonpath_image(gpulens_image), image_pythonpath=True)
 
 
 def _coordinator_objects(api, ns: str) -> tuple[list, list]:
     sel = "app.kubernetes.io/component=coordinator"
     return api.list_namespaced_pod(ns, label_selector=sel).items, api.list_namespaced_service(ns, label_selector=sel).items
+
+
+def test_an_images_own_pythonpath_survives_arming(trainer, api):
+    """The trainer stepped (start_trainer waited for both workers), so torch came from the image's
+    PYTHONPATH; the webhook read it with an init container of that image, as nobody."""
+    ns, pod = trainer
+    env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+    assert env["PYTHONPATH"] == "/opt/gpulens/hook", env     # what arming must set: the image's is replaced
+    (reader,) = [c for c in pod.spec.init_containers if c.name.startswith("gpulens-image-env")]
+    assert reader.image == pod.spec.containers[0].image and reader.security_context.run_as_user == 65534
+    log = api.read_namespaced_pod_log(pod.metadata.name, ns, container="trainer")
+    assert "not armed" not in log and "ModuleNotFoundError" not in log, log[-2000:]
 
 
 def test_the_coordinator_comes_with_the_jobs_first_pod_not_the_resync(trainer, api, capsys):

@@ -41,7 +41,7 @@ def torch_site() -> str:
 
 
 def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0,
-                control_dir: str | None = None, nodes: int = 1) -> dict:
+                control_dir: str | None = None, nodes: int = 1, image_pythonpath: bool = False) -> dict:
     """Job `trainer`: one pod, torchrun with two workers of the demo trainer (each steps forever).
 
     `fail_attempt_0`: the container first runs FAIL_ATTEMPT_0 (with `backoff_limit` >= 1 the Job
@@ -49,7 +49,9 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     `incident` file the trainer reads (a test writes it to induce an incident); None: a pod-local
     path nobody writes. `nodes` > 1: that many pods of the Job, one per node (required
     anti-affinity), one torchrun world of 2 x `nodes` ranks found through the PEERS Service
-    (trainer_peers_service; FIND_PEERS), its gloo all-reduce crossing the nodes every step."""
+    (trainer_peers_service; FIND_PEERS), its gloo all-reduce crossing the nodes every step.
+    `image_pythonpath`: the pod sets no PYTHONPATH; `image` must name torch's folder in its own
+    `ENV PYTHONPATH` (conftest.own_pythonpath_image)."""
     from gpulens.exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
@@ -83,7 +85,7 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
             "containers": [{
                 "name": "trainer", "image": image, "imagePullPolicy": "Never", "command": command,
-                "env": [{"name": "PYTHONPATH", "value": site},
+                "env": [*([] if image_pythonpath else [{"name": "PYTHONPATH", "value": site}]),
                         {"name": "LD_LIBRARY_PATH", "value": str(libcuda.parent)},
                         {"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}, *env],
                 "securityContext": {"runAsUser": 0},
@@ -139,10 +141,11 @@ def wait_training(api, ns: str, name: str):
     return api.read_namespaced_pod(name, ns)
 
 
-def start_trainer(api, ns: str, image: str, control_dir: str | None = None):
+def start_trainer(api, ns: str, image: str, control_dir: str | None = None, image_pythonpath: bool = False):
     """Job `trainer` in `ns`, its pod training; returns the pod."""
     from kubernetes import client
-    client.BatchV1Api(api.api_client).create_namespaced_job(ns, trainer_job(image, control_dir=control_dir))
+    client.BatchV1Api(api.api_client).create_namespaced_job(ns, trainer_job(image, control_dir=control_dir,
+                                                                            image_pythonpath=image_pythonpath))
     pod = wait_until("trainer pod", lambda: api.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items, 60)[0]
     pod = wait_training(api, ns, pod.metadata.name)
     # BestEffort would starve it whenever the node is busy (trainer_job): the alert tests need this

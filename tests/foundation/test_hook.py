@@ -155,6 +155,53 @@ def test_the_images_own_sitecustomize_still_runs(tmp_path):
     assert out.stdout.strip() == "1"  # ran, and after arming
 
 
+def armed_hook_copy(tmp_path: Path, container: str, image_pythonpath: str | None) -> Path:
+    """The hook folder as the webhook's init containers leave it in the emptyDir: the hook copied,
+    then (image_pythonpath not None) the trainer image's PYTHONPATH saved under image-env/<container>."""
+    import shutil
+    hook = tmp_path / "opt-gpulens-hook"
+    shutil.copytree(hook_path(), hook, ignore=shutil.ignore_patterns("__pycache__"))
+    if image_pythonpath is not None:
+        (hook / "image-env" / container).mkdir(parents=True)
+        (hook / "image-env" / container / "PYTHONPATH").write_text(image_pythonpath)
+    return hook
+
+
+def test_the_images_own_pythonpath_comes_back_after_the_hooks_folder(tmp_path):
+    """An image whose ENV sets PYTHONPATH (a module only there, and the image's own sitecustomize)
+    loses it to the pod's PYTHONPATH=<hook>; the value the init container saved puts it back, for
+    the process and the processes it starts. Without the saved value the same program fails."""
+    lib, theirs = tmp_path / "image-lib", tmp_path / "image-site"
+    lib.mkdir()
+    theirs.mkdir()
+    (lib / "their_model.py").write_text("NAME = 'from the image'\n")
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    program = ("import os, subprocess, sys, their_model; print(their_model.NAME, os.environ.get('THEIRS_RAN'));"
+               "print(subprocess.run([sys.executable, '-c', 'import their_model, sys; print(sys.path.count(%r))'"
+               " % their_model.__file__.rsplit('/', 1)[0]], capture_output=True, text=True, check=True).stdout.strip())")
+    hook = armed_hook_copy(tmp_path, "trainer", f"{lib}{os.pathsep}{theirs}")
+    env = python_env(PYTHONPATH=str(hook), GPULENS_CONTAINER_NAME="trainer")
+    out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["from", "the", "image", "1", "1"], out.stdout    # once on the child's path too
+    assert "not armed" not in out.stderr
+
+    bare = armed_hook_copy(tmp_path / "bare", "trainer", None)
+    env = python_env(PYTHONPATH=str(bare), GPULENS_CONTAINER_NAME="trainer")
+    out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "No module named 'their_model'" in out.stderr
+
+
+def test_another_containers_saved_pythonpath_is_not_taken(tmp_path):
+    lib = tmp_path / "image-lib"
+    lib.mkdir()
+    hook = armed_hook_copy(tmp_path, "log-shipper", str(lib))
+    env = python_env(PYTHONPATH=str(hook), GPULENS_CONTAINER_NAME="trainer")
+    out = subprocess.run([sys.executable, "-c", "import sys; print(%r in sys.path)" % str(lib)], env=env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+
+
 TRAIN = """
 import os, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")

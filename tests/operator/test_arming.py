@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from gpulens.capture.wire import labels as L
-from gpulens.capture.operator.arming import arm_pod
+from gpulens.capture.operator.arming import IMAGE_ENV_CONTAINER, INIT_CONTAINER, arm_pod
 from gpulens.capture.operator.config import ArmingConfig
 from gpulens.capture.operator.jobs import job_of_pod
 
@@ -187,6 +187,38 @@ def test_chosen_containers_and_warnings():
     assert "GPULENS_JOB_ID" not in _env(out["spec"]["containers"][0])
     assert "GPULENS_JOB_ID" in _env(out["spec"]["containers"][1])
     assert any("ghost" in w for w in result.warnings)
+
+
+def test_an_image_that_sets_pythonpath_itself_gets_an_init_container_of_that_image_to_save_it():
+    """The pod sets no PYTHONPATH (the image's ENV does): arming's PYTHONPATH would replace it, so an
+    init container of the trainer's own image, after the hook copy, saves it for the hook."""
+    pod = job_pod()
+    trainer = pod["spec"]["containers"][0]
+    del trainer["env"]
+    trainer["imagePullPolicy"] = "Always"
+    trainer["envFrom"] = [{"configMapRef": {"name": "paths"}}]
+    out = armed(pod)
+    hook, reader = out["spec"]["initContainers"]
+    assert hook["name"] == INIT_CONTAINER and "busybox" in hook["command"][-1]
+    assert reader["name"] == f"{IMAGE_ENV_CONTAINER}-1" and reader["image"] == "pytorch:2.13"
+    assert reader["command"][:3] == ["/opt/gpulens/hook/.bin/busybox", "sh", "-c"]
+    assert '"${PYTHONPATH-}" > "/opt/gpulens/hook/image-env/trainer/PYTHONPATH"' in reader["command"][3]
+    assert reader["imagePullPolicy"] == "Always" and reader["envFrom"] == trainer["envFrom"]
+    assert reader["securityContext"]["runAsUser"] == 65534 and "env" not in reader
+    assert {"name": "gpulens-hook", "mountPath": "/opt/gpulens/hook"} in reader["volumeMounts"]
+    assert _env(out["spec"]["containers"][0])["PYTHONPATH"]["value"] == "/opt/gpulens/hook"
+    out["metadata"]["name"] = "llama-x7k2p"
+    kubernetes_validate.validate(out, "1.30", strict=True)
+
+
+def test_each_armed_container_without_pythonpath_gets_its_own_reader():
+    pod = job_pod()
+    pod["metadata"]["annotations"] = {L.CONTAINERS: "trainer,log-shipper"}
+    out = armed(pod)
+    readers = [c for c in out["spec"]["initContainers"] if c["name"].startswith(IMAGE_ENV_CONTAINER)]
+    # the trainer sets PYTHONPATH in the pod (prefixed, nothing to save); the shipper's image may
+    assert [(c["name"], c["image"]) for c in readers] == [(f"{IMAGE_ENV_CONTAINER}-1", "fluent-bit:3")]
+    assert "image-env/log-shipper/PYTHONPATH" in readers[0]["command"][3]
 
 
 def test_pythonpath_from_a_reference_is_reported_not_broken():

@@ -11,7 +11,7 @@ import kubernetes_validate
 import yaml
 
 from gpulens.capture.wire import labels as L
-from gpulens.capture.operator.arming import HOOK_VOLUME, INIT_CONTAINER, arm_pod
+from gpulens.capture.operator.arming import HOOK_VOLUME, IMAGE_ENV_CONTAINER, INIT_CONTAINER, arm_pod
 from gpulens.capture.operator.config import ArmingConfig
 from gpulens.capture.operator.jobs import job_of_pod
 
@@ -35,7 +35,8 @@ def strip_gpulens(template: dict) -> dict:
     if not meta["annotations"]:
         del meta["annotations"]
     spec["volumes"] = [v for v in spec.get("volumes", []) if not v["name"].startswith("gpulens-")]
-    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] != INIT_CONTAINER]
+    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] != INIT_CONTAINER
+                              and not c["name"].startswith(IMAGE_ENV_CONTAINER)]
     for key in ("volumes", "initContainers"):
         if not spec[key]:
             del spec[key]
