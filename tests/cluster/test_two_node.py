@@ -182,7 +182,7 @@ def two_release(two, tmp_path_factory):
     image = load_gpulens_image(tmp_path_factory.mktemp("image2"))
     with s3_server() as s3, grafana_server() as grafana:
         readme_install(image, s3.endpoint, grafana.url).run(
-            two, str(KUBECONFIG), REPO, exists_ok=lambda status: REUSE and status == 409)
+            str(KUBECONFIG), REPO, tmp_path_factory.mktemp("readme-two"), rerun=REUSE)
         if REUSE:
             restart_release_pods(two)
         yield TwoNodeRelease(image, s3, grafana)
