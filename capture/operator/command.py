@@ -96,6 +96,7 @@ async def lead_and_reconcile(args: argparse.Namespace, cfg, stop: asyncio.Event)
     from .kube import KubeApi, KubeError
     from .leadership import LeaseElector
     from .reconcile import Reconciler
+    from .stopping import stopped_within
 
     api_client = _api_client(args.kubeconfig)
     api = KubeApi(api_client)
@@ -115,10 +116,7 @@ async def lead_and_reconcile(args: argparse.Namespace, cfg, stop: asyncio.Event)
                 log.debug("resync.done", jobs=len(plans))
             except KubeError as exc:
                 log.warning("resync.failed", reason=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), cfg.resync_interval_s)
-            except asyncio.TimeoutError:
-                pass
+            await stopped_within(stop, cfg.resync_interval_s)
 
     if elector is not None:
         tasks.append(asyncio.create_task(elector.keep(stop, lost)))

@@ -23,6 +23,8 @@ from kubernetes.client.rest import ApiException
 
 from gpulens.ground.logs import get_logger
 
+from .stopping import stopped_within
+
 __all__ = ["Decision", "decide", "LeaseElector"]
 
 log = get_logger("operator")
@@ -144,20 +146,14 @@ class LeaseElector:
             if not announced:
                 log.info("lease.following", lease=self.name, identity=self.identity)
                 announced = True
-            try:
-                await asyncio.wait_for(stop.wait(), self.renew_period_s)
-            except asyncio.TimeoutError:
-                pass
+            await stopped_within(stop, self.renew_period_s)
         return False
 
     async def keep(self, stop: asyncio.Event, lost: asyncio.Event) -> None:
         """Renew until `stop`; set `lost` (and `stop`) when leadership cannot be confirmed in time."""
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.renew_period_s)
+            if await stopped_within(stop, self.renew_period_s):
                 return
-            except asyncio.TimeoutError:
-                pass
             ok = await asyncio.to_thread(self.try_acquire)
             taken = self.observed_leader not in (None, self.identity)
             expired = self.last_renewed is None or self.clock() - self.last_renewed > self.renew_deadline_s

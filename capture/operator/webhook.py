@@ -39,6 +39,7 @@ from gpulens.ground.logs import get_logger
 
 from .arming import arm_pod
 from .config import ArmingConfig
+from .stopping import stopped_within
 
 __all__ = ["review_response", "attempt_for", "make_app", "tls_context", "reload_certificates", "MAX_BODY",
            "ATTEMPT_BUDGET_S", "AttemptReader", "SERVING_NEVER"]
@@ -195,11 +196,8 @@ async def reload_certificates(ctx: ssl.SSLContext, cert_file: str, key_file: str
     context: new TLS handshakes use it, no restart needed. A half-written pair is retried later."""
     seen = _stamp(cert_file, key_file)
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), interval_s)
+        if await stopped_within(stop, interval_s):
             return
-        except asyncio.TimeoutError:
-            pass
         now = _stamp(cert_file, key_file)
         if now == seen or None in now:
             continue
