@@ -380,3 +380,19 @@ def test_an_odd_category_type_is_counted_not_a_crash(tmp_path, now):
                                 "traceName": str(path), "traceEvents": [{"cat": ["x"], "ph": "X", "ts": 1}] * 40}))
     v = verify_trace(str(path), Expectation(("cpu_op",), 0, 1e12, 1000))
     assert not v.ok and v.categories == {"['x']": 40}
+
+
+def test_a_verifier_pool_worker_imports_only_the_verifier():
+    """The agent's verifier pool spawns fresh interpreters that import `verification` through the
+    `gpulens.capture.agent` package. With the package importing its client eagerly (aiohttp, the
+    models' JSON Schemas) each new worker's first trace waited ~3 s of imports on a quiet machine
+    and many more on a loaded one: a late trace missed the 30 s its test allows, side by side with
+    other lanes. The package now imports its client on first use."""
+    import subprocess
+    import sys
+    probe = ("import sys; from gpulens.capture.agent.verification import verify_trace; "
+             "print(sorted(m for m in ('aiohttp', 'jsonschema', 'gpulens.capture.agent.client') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    from gpulens.capture.agent import AgentClient       # the package's own name still resolves
+    assert AgentClient.__module__ == "gpulens.capture.agent.client"
