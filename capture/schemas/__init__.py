@@ -18,7 +18,8 @@ from referencing import Registry, Resource
 
 __all__ = ["SCHEMA_NAMES", "SchemaError", "load", "validate", "errors"]
 
-SCHEMA_NAMES = ("registration", "capture_request", "dispatch", "target_status", "manifest", "summary", "rank_summary")
+SCHEMA_NAMES = ("registration", "capture_request", "dispatch", "target_status", "manifest", "summary", "rank_summary",
+                "flight_recorder")
 _BASE = "https://gpulens.dev/schemas/"
 
 

@@ -1,0 +1,48 @@
+"""A two-rank gloo job that hangs the way real ones do, for the hang analysis (issue 45).
+
+    torchrun --nproc-per-node=2 hang_job.py OUT MODE
+
+Ten all_reduce calls; at the sixth (collective_seq_id 6):
+- `skip`: rank 1 never enters it (it sleeps): rank 0 waits in it;
+- `mismatch`: rank 1 calls all_gather where rank 0 calls all_reduce.
+Each rank prints `at 5` before its sixth call; a thread of each rank then waits for OUT/dump-now
+(the test writes it once both printed) and writes its Flight Recorder with the trainer hook's own
+code (hooks/site/_gpulens_flight.py) to OUT/rank-N.json, while the main thread is blocked.
+"""
+
+import os
+import sys
+import threading
+import time
+
+
+def main(out: str, mode: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from _gpulens_flight import write_dump
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    def dump_when_asked() -> None:
+        while not os.path.exists(os.path.join(out, "dump-now")):
+            time.sleep(0.05)
+        size, why = write_dump(os.path.join(out, f"rank-{rank}.json"))
+        print(f"dumped {size} {why}", flush=True)
+
+    threading.Thread(target=dump_when_asked, daemon=True).start()
+    t = torch.ones(8)
+    for i in range(10):
+        if i == 5:
+            print(f"rank {rank} at 5", flush=True)
+            if mode == "skip" and rank == 1:
+                time.sleep(600)
+            if mode == "mismatch" and rank == 1:
+                dist.all_gather([torch.zeros(8) for _ in range(2)], t)
+                continue
+        dist.all_reduce(t)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
