@@ -99,7 +99,7 @@ def hang_report(dumps: dict[int, dict], world_size: int | None = None, where: di
                            "op": last.op if last else None, "frame": last.frame if last else None}
         frontier = max((v["last_entered"] for v in per_rank.values() if v["last_entered"] is not None), default=None)
         waiting = sorted(r for r, v in per_rank.items() if frontier is not None and v["last_entered"] == frontier
-                         and (v["last_completed"] or -1) < frontier)
+                         and (v["last_completed"] is None or v["last_completed"] < frontier))
         behind = sorted(r for r, v in per_rank.items() if frontier is not None
                         and (v["last_entered"] is None or v["last_entered"] < frontier))
         mismatches = _mismatches([c for cs in calls.values() for c in cs if c.group == g])
