@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from gpulens.capture.annotations import AnnotationSink, AnnotationSync, capture_annotation
 from gpulens.capture.archive import ArchiveError, ArchiveStore, open_archive
+from gpulens.capture.dynolog import tick_aligned_start_ms
 from gpulens.capture.models import CaptureReason, CaptureRequest, FailureReason, StepReading, TargetState, new_capture_id
 from gpulens.ground.logs import get_logger
 
@@ -256,11 +257,14 @@ class Coordinator:
                 window_ms = max(window_ms, min(600_000, int(plan.window_s * 1000)))
                 starts_at = None
             else:
-                starts_at = time.time() + self.settings.fanout.wall_start_lead_s
-                record.start_time_ms = int(starts_at * 1000)
+                # on a whole second: Kineto's profiler tick keeps the last start's phase, so every
+                # capture after a process's first gets a whole tick of room (tick_aligned_start_ms)
+                record.start_time_ms = tick_aligned_start_ms(time.time() + self.settings.fanout.wall_start_lead_s)
+                starts_at = record.start_time_ms / 1000
                 record.note("start_time", start_time_ms=record.start_time_ms,
-                            detail=f"every rank starts its window at this instant, "
-                                   f"{self.settings.fanout.wall_start_lead_s:g} s after dispatch (poll + warm-up + slack)")
+                            detail=f"every rank starts its window at this instant, the first whole second "
+                                   f"{self.settings.fanout.wall_start_lead_s:g} s or more after dispatch "
+                                   f"(poll + warm-up + slack; on Kineto's tick grid)")
                 clog.info("capture.start_time", start_time_ms=record.start_time_ms)
             d = self.settings.deadlines.compute(time.time(), window_ms, self.delays.estimate(), starts_at=starts_at)
             record.agent_deadline, record.deadline, record.quiet_until = d.agent, d.coordinator, d.quiet_until

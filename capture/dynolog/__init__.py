@@ -8,7 +8,8 @@
 Facts and citations: shared/reference/dynolog-kineto-protocol.md and dynolog-observed.md.
 """
 
-from .config import MIN_START_LEAD_MS, KinetoConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
+from .config import (MIN_START_LEAD_MS, KinetoConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for,
+                     tick_aligned_start_ms)
 from .ipc_server import Delivery, EndpointBusy, KinetoEndpoint
 from .kineto_watch import KinetoOutcome
 from .results import DynologRefused, OnDemandResult, PidOutcome, TriggerFailed
@@ -16,6 +17,7 @@ from .rpc import DynologClient
 
 __all__ = [
     "MIN_START_LEAD_MS", "KinetoConfigError", "TraceConfig", "build_config", "kineto_trace_path", "log_file_for",
+    "tick_aligned_start_ms",
     "Delivery", "EndpointBusy", "KinetoEndpoint", "KinetoOutcome",
     "OnDemandResult", "PidOutcome", "TriggerFailed", "DynologRefused", "DynologClient",
 ]

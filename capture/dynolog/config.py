@@ -36,9 +36,26 @@ from dataclasses import dataclass, field
 from ..activities import CORE_ACTIVITY_TYPES, unknown_activities
 from ..models import CaptureOptions
 
-__all__ = ["KinetoConfigError", "TraceConfig", "build_config", "log_file_for", "kineto_trace_path", "MIN_START_LEAD_MS"]
+__all__ = ["KinetoConfigError", "TraceConfig", "build_config", "log_file_for", "kineto_trace_path", "MIN_START_LEAD_MS",
+           "tick_aligned_start_ms"]
 
 MIN_START_LEAD_MS = 12_000
+TICK_MS = 1_000  # Kineto's profiler loop (`kControllerIntervalMsecs`)
+
+
+def tick_aligned_start_ms(earliest: float) -> int:
+    """The first whole second at or after `earliest` (unix seconds), in ms: the start instant to send.
+
+    Why whole seconds: Kineto's profiler thread ticks on a fixed 1 s grid and activates a
+    time-based config on the first tick at or after start - warm-up - 1 s, then cancels it unless
+    that tick still lies at least the warm-up before the start, so the config survives only a tick
+    later than its grid point by less than the grid's offset from the start. The grid takes the
+    phase of the last start the thread woke for (its Warmup state sleeps until the start). Starts
+    on one phase leave every capture after a process's first a whole tick of room; starts at
+    arbitrary milliseconds leave a random fraction of it (measured with torch 2.13: 0.999 s of room
+    after a whole-second start, 0.11-0.5 s after a start at another phase; docs/agent.md).
+    """
+    return -(-int(earliest * 1000) // TICK_MS) * TICK_MS
 MAX_DURATION_MS = 600_000
 MAX_ITERATIONS = 10_000
 MAX_ROUNDUP = 1_000_000

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from gpulens.capture.dynolog import KinetoConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for
+from gpulens.capture.dynolog import (KinetoConfigError, TraceConfig, build_config, kineto_trace_path, log_file_for,
+                                     tick_aligned_start_ms)
 from gpulens.capture.models import CaptureOptions
 
 
@@ -90,3 +91,16 @@ def test_trace_id_must_be_decimal():
     assert parse(build_config(TraceConfig("/t/a.json", 500, trace_id="123")))["REQUEST_TRACE_ID"] == "123"
     with pytest.raises(KinetoConfigError):
         build_config(TraceConfig("/t/a.json", 500, trace_id="12=3"))
+
+
+@pytest.mark.parametrize("earliest, expected", [
+    (1796626560.0, 1796626560_000),        # already on a whole second: kept
+    (1796626560.001, 1796626561_000),      # a millisecond past: the next one, never earlier
+    (1796626560.9999, 1796626561_000),
+    (1796626575.5, 1796626576_000),
+])
+def test_start_instants_fall_on_whole_seconds_never_before_the_earliest(earliest, expected):
+    """Kineto's profiler tick keeps the last start's phase; one phase for every start gives each
+    capture after a process's first a whole tick of room (tests/agent/test_tick_grid_torch.py)."""
+    got = tick_aligned_start_ms(earliest)
+    assert got == expected and got % 1000 == 0 and got >= int(earliest * 1000)

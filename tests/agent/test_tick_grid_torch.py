@@ -1,0 +1,41 @@
+"""Kineto's profiler tick, with real torch 2.13: why the coordinator starts captures on whole seconds.
+
+Kineto activates a time-based config on the first tick of its 1 s grid at or after start - warm-up
+- 1 s and cancels it unless that tick still lies the warm-up before the start ("insufficient time
+for warmup"): the room it leaves is the grid's offset from the start, and the grid takes the
+phase of the last start the thread slept until. A capture started on the same phase as the last
+one has nearly a whole tick of room; one started half a second off it, half a tick. Without the
+grid (a tick anywhere), each room would be anywhere in 0-1 s.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def test_a_start_on_the_last_starts_phase_gets_a_whole_tick_of_room():
+    out = Path(tempfile.mkdtemp(prefix="gl-tick-", dir="/var/tmp"))  # not /tmp: Kineto's default
+    try:
+        run = subprocess.run(["unshare", "--net", sys.executable, str(Path(__file__).with_name("tick_probe.py")), str(out)],
+                             capture_output=True, text=True, timeout=200, check=False)
+        assert run.returncode == 0, run.stderr[-3000:]
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    first, aligned, half_off = result["rooms"]
+    assert result["traced"] == [True, True, True], result
+    assert 0 <= first <= 1.0, result                   # the first config: the grid's phase is its fetch's
+    # after a whole-second start, a whole-second start: the tick lands on start - 6 s, a tick of room
+    # (minus its own lateness: 0.85 leaves 150 ms, more than this machine's ticks were late under load)
+    assert aligned >= 0.85, result
+    # half a second off the grid: half a tick (the room a start at any millisecond leaves on average)
+    assert 0.3 <= half_off <= 0.55, result

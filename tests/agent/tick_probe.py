@@ -1,0 +1,88 @@
+"""Run inside a fresh network namespace (`unshare --net`): how much room Kineto's profiler tick
+leaves a time-based config, with real torch. Prints one JSON line.
+
+    unshare --net python tick_probe.py OUT_DIR
+
+One plain trainer (it never steps Kineto) polls the builtin endpoint on the abstract socket. Three
+wall-clock configs go to it one after another, each 13 s ahead: the first and second at a whole
+second (`tick_aligned_start_ms`, as the coordinator chooses), the third half a second off it. For
+each, the room is (start - 5 s warm-up) - the moment Kineto logged that its tick activated the
+config ("Received on-demand activity trace request"): Kineto cancels the config when the room is
+negative. The trainer's stderr is read line by line and each line stamped as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from gpulens.capture.dynolog import (
+    KinetoEndpoint,
+    TraceConfig,
+    build_config,
+    kineto_trace_path,
+    tick_aligned_start_ms,
+)
+
+JOB = 78
+WARMUP_S = 5.0             # Kineto's ACTIVITIES_WARMUP_PERIOD_SECS default
+ACTIVATED = "Received on-demand activity trace request"
+
+
+def _read(stream, lines: list) -> None:
+    for raw in iter(stream.readline, b""):
+        lines.append((time.time(), raw.decode(errors="replace").rstrip()))
+
+
+async def main(out: Path) -> dict:
+    ep = KinetoEndpoint(None)
+    await ep.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_", "PYTHONPATH"))}
+    env.update(KINETO_USE_DAEMON="1", SLURM_JOB_ID=str(JOB), OMP_NUM_THREADS="1", KINETO_LOG_LEVEL="0")
+    stop = out / "stop"
+    trainer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trainer.py")), str(stop), "150"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines: list = []
+    threading.Thread(target=_read, args=(trainer.stderr, lines), daemon=True).start()
+    rooms, files = [], []
+    try:
+        end = time.time() + 60
+        while not any(p.job_id == JOB and p.leaf == trainer.pid for p in ep.processes()):
+            assert time.time() < end, "the trainer never polled the abstract socket"
+            await asyncio.sleep(0.2)
+        for i, offset_ms in enumerate((0, 0, 500)):
+            start_ms = tick_aligned_start_ms(time.time() + 13) + offset_ms
+            log_file = str(out / f"c{i}" / "rank-0.json")
+            (out / f"c{i}").mkdir()
+            seen = len(lines)
+            ep.trigger(build_config(TraceConfig(log_file, 1000, ("cpu_op",), start_time_ms=start_ms)), [trainer.pid], JOB,
+                       trace_id=str(400 + i))
+            final = Path(kineto_trace_path(log_file, trainer.pid))
+            deadline = start_ms / 1000 + 30
+            while not final.exists():
+                assert time.time() < deadline, f"config {i}: no trace; Kineto said {[t for _, t in lines[seen:]][-5:]}"
+                await asyncio.sleep(0.2)
+            [at] = [t for t, text in lines[seen:] if ACTIVATED in text][:1] or [None]
+            assert at is not None, f"config {i}: Kineto never logged {ACTIVATED!r}: {[t for _, t in lines[seen:]][-5:]}"
+            rooms.append(round(start_ms / 1000 - WARMUP_S - at, 3))
+            files.append(final.stat().st_size > 0)
+    finally:
+        stop.touch()
+        try:
+            trainer.wait(20)
+        except subprocess.TimeoutExpired:
+            trainer.kill()
+        await ep.stop()
+    return {"rooms": rooms, "traced": files}
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(Path(sys.argv[1])))), flush=True)
