@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import subprocess
+import sys
 import urllib.request
 import uuid
 
 import pytest
 
+from gpulens.capture.models import new_capture_id
 from gpulens.capture.wire import labels as L
 
 from .harness import NS, STATE, forbidden_in_logs, pod_log, pod_logs, wait_until
-from .workload import call, capture_status, gateway, read_manifest, torch_site, wait_converged
+from .workload import capture_status, gateway, read_manifest, torch_site, wait_converged
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 
@@ -254,18 +258,31 @@ def test_the_replicas_are_armed_as_their_revision_with_one_coordinator(serving, 
 
 @pytest.fixture(scope="module")
 def replica_capture(serving, api) -> dict:
-    """A person's capture through the gateway of one named replica (the slowed one) plus one healthy
-    peer, as docs/kubernetes.md shows it: `workload=Deployment/web` and the pod name find the revision."""
+    """A person's capture of one named replica (the slowed one) plus one healthy peer, typed as
+    docs/kubernetes.md shows it: `gpulens capture start --workload Deployment/web --pod <replica>
+    --peers 1` against the chart's gateway, which knows no pods (issue 43 item 12). One capture id
+    for every try, so a retry while the coordinator comes up can never start a second capture."""
     ns = serving.ns
     affected = serving.pods[-1]
     (serving.control / affected).write_text("slow")
     wait_until("the coordinator pod Ready", lambda: ready_coordinator_pod(api, ns, serving.job), 300, 1)
     base, token = gateway(api)
-    url = f"{base}/v1/captures?namespace={ns}&workload=Deployment/{DEPLOYMENT}"
-    started = wait_until("capture accepted by the gateway", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
-        call(url, token, {"duration_ms": 2000, "pods": [affected], "peers": 1})), 240, 2)
-    assert started["job"] == f"{ns}/{serving.job}", started
-    return wait_converged(api, started["capture_id"])
+    capture_id = new_capture_id()
+    cmd = [sys.executable, "-m", "gpulens.cli", "capture", "start", "--url", base, "--namespace", ns,
+           "--workload", f"Deployment/{DEPLOYMENT}", "--pod", affected, "--peers", "1", "--duration-ms", "2000",
+           "--capture-id", capture_id]
+    tries: list = []
+
+    def started():
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False,
+                             env={**os.environ, "GPULENS_TOKEN": token})
+        tries.append((run.returncode, run.stderr.strip()[-400:]))
+        assert run.returncode in (0, 4), tries          # 2 (bad usage, "belongs to no known job") fails at once
+        return run.returncode == 0 and run.stdout.split()
+
+    out = wait_until("the CLI's capture accepted by the gateway", started, 240, 2)
+    assert out == [capture_id], (out, tries)
+    return wait_converged(api, capture_id)      # its manifest names the revision's job (the test below)
 
 
 def test_a_capture_of_a_named_replica_and_a_healthy_peer_archives_both(serving, api, s3, replica_capture):
