@@ -15,14 +15,18 @@ torch ships an analyzer (`torch.distributed.flight_recorder.fr_trace`), but with
 raises `KeyError: ('0', 0)` on a gloo job's default group (its `pg_config` is keyed by the group's
 empty description, its entries name the group `'0'`), and by its own docstring it checks neither
 the collectives' states nor who never entered; this reads the entries and states directly.
-Pure: dumps in, a dict out (summary JSON and the report render it).
+Each rank's stacks, read from outside its process by the agent (capture/agent/stacks.py, schema
+`python_stacks`), say where it is *now*: the frame of the thread holding the GIL, else of the
+main thread. They name a rank the dumps cannot: one whose thread holds the GIL writes no dump
+(no thread of the hook can run in it), yet its stack is read.
+Pure: dumps and stacks in, a dict out (summary JSON and the report render it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Call", "calls_of", "hang_report"]
+__all__ = ["Call", "calls_of", "hang_report", "where_now"]
 
 
 @dataclass(frozen=True)
@@ -77,10 +81,27 @@ def _status(dump: dict, group: str) -> tuple[int | None, int | None]:
     return num("last_enqueued_collective"), num("last_completed_collective")
 
 
-def hang_report(dumps: dict[int, dict], world_size: int | None = None, where: dict[int, str] | None = None) -> dict:
+def where_now(stacks: dict | None) -> str | None:
+    """Where a process is now, from its `python_stacks` document: the innermost frame of the
+    thread holding the GIL (it is the one running Python), else of the main thread, else of the
+    first thread with a frame; "file:line (function)", with "holding the GIL" when it does."""
+    threads = [t for t in (stacks or {}).get("threads") or [] if isinstance(t, dict) and t.get("frames")]
+    pick = (next((t for t in threads if t.get("owns_gil")), None)
+            or next((t for t in threads if t.get("name") == "MainThread"), None)
+            or (threads[0] if threads else None))
+    if pick is None:
+        return None
+    f = pick["frames"][0]        # py-spy lists the innermost frame first
+    return (f"{f.get('filename')}:{f.get('line')} ({f.get('name')})"
+            + (", holding the GIL" if pick.get("owns_gil") else ""))
+
+
+def hang_report(dumps: dict[int, dict], world_size: int | None = None, where: dict[int, str] | None = None,
+                stacks: dict[int, dict] | None = None) -> dict:
     """The hang, per process group, and one verdict line. `dumps`: rank -> dump (ranks without one
     are listed as such); `world_size`: the job's, when known (else the dumps'); `where`: rank ->
-    "pod <name> on node <name>", for the verdict."""
+    "pod <name> on node <name>", for the verdict; `stacks`: rank -> its `python_stacks` document."""
+    now = {r: w for r, w in ((r, where_now(doc)) for r, doc in (stacks or {}).items()) if w}
     world = world_size or max((int(d.get("world_size") or 0) for d in dumps.values()), default=0) or len(dumps)
     missing_dumps = sorted(set(range(world)) - set(dumps))
     calls = {r: calls_of(r, d) for r, d in dumps.items()}
@@ -96,7 +117,8 @@ def hang_report(dumps: dict[int, dict], world_size: int | None = None, where: di
             completed = max(done + ([completed] if completed is not None else []), default=None)
             last = max(mine, key=lambda c: c.seq, default=None)
             per_rank[r] = {"last_entered": entered, "last_completed": completed,
-                           "op": last.op if last else None, "frame": last.frame if last else None}
+                           "op": last.op if last else None, "frame": last.frame if last else None,
+                           "now_at": now.get(r)}
         frontier = max((v["last_entered"] for v in per_rank.values() if v["last_entered"] is not None), default=None)
         waiting = sorted(r for r, v in per_rank.items() if frontier is not None and v["last_entered"] == frontier
                          and (v["last_completed"] is None or v["last_completed"] < frontier))
@@ -107,7 +129,8 @@ def hang_report(dumps: dict[int, dict], world_size: int | None = None, where: di
         out_groups.append({"group": g, "frontier_seq": frontier, "op": op, "waiting": waiting, "behind": behind,
                            "mismatches": mismatches, "ranks": {str(r): v for r, v in per_rank.items()}})
     return {"ranks_with_dumps": sorted(dumps), "ranks_without_dumps": missing_dumps, "groups": out_groups,
-            "verdict": _verdict(out_groups, missing_dumps, where or {})}
+            "ranks_with_stacks": sorted(now), "now_at": {str(r): w for r, w in sorted(now.items())},
+            "verdict": _verdict(out_groups, missing_dumps, where or {}, now)}
 
 
 def _mismatches(calls: list[Call]) -> list[dict]:
@@ -124,9 +147,13 @@ def _mismatches(calls: list[Call]) -> list[dict]:
     return out
 
 
-def _verdict(groups: list[dict], missing_dumps: list[int], where: dict[int, str]) -> str:
+def _verdict(groups: list[dict], missing_dumps: list[int], where: dict[int, str], now: dict[int, str]) -> str:
     def at(r: int) -> str:
         return f"rank {r}" + (f" ({where[r]})" if r in where else "")
+
+    def is_now(ranks: list[int]) -> str:
+        seen = [f"rank {r} is now at {now[r]}" for r in ranks if r in now]
+        return f"; {'; '.join(seen)}" if seen else ""
     for g in groups:
         if g["mismatches"]:
             m = g["mismatches"][0]
@@ -138,9 +165,16 @@ def _verdict(groups: list[dict], missing_dumps: list[int], where: dict[int, str]
             frames = "; ".join(f"rank {r} last at {g['ranks'][str(r)]['frame'] or 'an unknown frame'} "
                                f"(collective_seq_id {g['ranks'][str(r)]['last_entered']})" for r in g["behind"])
             return (f"{lagging} never entered {g['op']} collective_seq_id {g['frontier_seq']} of process group "
-                    f"{g['group']}, which ranks {g['waiting']} wait in; {frames}")
+                    f"{g['group']}, which ranks {g['waiting']} wait in; {frames}{is_now(g['behind'])}")
     if missing_dumps:
-        return f"no Flight Recorder dump from ranks {missing_dumps}: the rank that holds the others up may be among them"
+        waited = next((g for g in groups if g["waiting"]), None)
+        if waited is not None and any(r in now for r in missing_dumps):
+            # a rank that wrote no dump while the others wait: the likeliest holder, and its stack says where
+            return (f"{', '.join(at(r) for r in missing_dumps)} wrote no Flight Recorder dump while ranks "
+                    f"{waited['waiting']} wait in {waited['op']} collective_seq_id {waited['frontier_seq']} of process "
+                    f"group {waited['group']}{is_now(missing_dumps)}")
+        return (f"no Flight Recorder dump from ranks {missing_dumps}: the rank that holds the others up may be among "
+                f"them{is_now(missing_dumps)}")
     for g in groups:
         if g["waiting"]:
             return (f"every rank entered {g['op']} collective_seq_id {g['frontier_seq']} of process group {g['group']} "

@@ -4,8 +4,10 @@
 
 Ten all_reduce calls; at the sixth (collective_seq_id 6):
 - `skip`: rank 1 never enters it (it sleeps): rank 0 waits in it;
-- `mismatch`: rank 1 calls all_gather where rank 0 calls all_reduce.
-Each rank prints `at 5` before its sixth call; a thread of each rank then waits for OUT/dump-now
+- `mismatch`: rank 1 calls all_gather where rank 0 calls all_reduce;
+- `spin`: rank 1 spins in `spin_holding_the_gil` (a C loop under one Python call: it never lets
+  the GIL go, so no other thread of that process runs, the hook's dump thread included).
+Each rank prints `rank R pid P at 5` before its sixth call; a thread of each rank then waits for OUT/dump-now
 (the test writes it once both printed) and writes its Flight Recorder with the trainer hook's own
 code (hooks/site/_gpulens_flight.py) to OUT/rank-N.json, while the main thread is blocked.
 """
@@ -14,6 +16,10 @@ import os
 import sys
 import threading
 import time
+
+
+def spin_holding_the_gil() -> int:
+    return sum(range(10**15))
 
 
 def main(out: str, mode: str) -> None:
@@ -34,9 +40,11 @@ def main(out: str, mode: str) -> None:
     t = torch.ones(8)
     for i in range(10):
         if i == 5:
-            print(f"rank {rank} at 5", flush=True)
+            print(f"rank {rank} pid {os.getpid()} at 5", flush=True)
             if mode == "skip" and rank == 1:
                 time.sleep(600)
+            if mode == "spin" and rank == 1:
+                spin_holding_the_gil()
             if mode == "mismatch" and rank == 1:
                 dist.all_gather([torch.zeros(8) for _ in range(2)], t)
                 continue

@@ -4,8 +4,10 @@ main thread is blocked, and capture/analysis/hang.py names the rank that holds t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from gpulens.capture import schemas
+from gpulens.capture.agent.stacks import StacksUnavailable, read_stacks
 from gpulens.capture.analysis.hang import hang_report
 from gpulens.hooks import hook_path
 
@@ -25,43 +28,64 @@ HERE = Path(__file__).parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-def hung_job_dumps(tmp_path: Path, mode: str, entered: dict[int, int]) -> dict[int, dict]:
-    """Run hang_job.py in `mode` until it hangs at its sixth collective; each rank's dump once it
-    shows the collectives `entered` says it must have entered (rank -> last collective_seq_id)."""
+def hung_job(tmp_path: Path, mode: str, entered: dict[int, int], dumpers: tuple[int, ...] = (0, 1)
+             ) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Run hang_job.py in `mode` until it hangs at its sixth collective; the dumps of `dumpers` once
+    they show the collectives `entered` says they must have entered (rank -> last collective_seq_id),
+    and then every rank's stacks, read from outside by the agent's reader (capture/agent/stacks.py)."""
     out = tmp_path / mode
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_"))}
     env.update(PYTHONPATH=str(hook_path()), OMP_NUM_THREADS="1")
-    log = open(tmp_path / f"{mode}.log", "w")
+    logfile = tmp_path / f"{mode}.log"
+    log = open(logfile, "w")
     p = subprocess.Popen([TORCHRUN, "--nproc-per-node=2", f"--master-port={free_port()}", str(HERE / "hang_job.py"),
                           str(out), mode], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         end = time.time() + 180
-        while (tmp_path / f"{mode}.log").read_text().count(" at 5") < 2:
-            assert time.time() < end and p.poll() is None, (tmp_path / f"{mode}.log").read_text()[-3000:]
+        while logfile.read_text().count(" at 5") < 2:
+            assert time.time() < end and p.poll() is None, logfile.read_text()[-3000:]
             time.sleep(0.1)
+        pids = {int(r): int(pid) for r, pid in re.findall(r"rank (\d+) pid (\d+) at 5", logfile.read_text())}
         while True:     # a rank prints "at 5" just before its call: ask again until its dump shows the call
             (out / "dump-now").touch()
-            files = {r: out / f"rank-{r}.json" for r in (0, 1)}
+            files = {r: out / f"rank-{r}.json" for r in dumpers}
             while not all(f.exists() for f in files.values()):
-                assert time.time() < end and p.poll() is None, (tmp_path / f"{mode}.log").read_text()[-3000:]
+                assert time.time() < end and p.poll() is None, logfile.read_text()[-3000:]
                 time.sleep(0.05)
             dumps = {r: json.loads(f.read_text()) for r, f in files.items()}
             last = {r: int(d["pg_status"]["0"]["last_enqueued_collective"]) for r, d in dumps.items()}
             if all(last[r] >= seq for r, seq in entered.items()):
-                return dumps
+                stacks = {r: asyncio.run(read_stacks(pid)) for r, pid in sorted(pids.items())}
+                silent = sorted(set(pids) - set(dumpers))
+                # a rank asked to dump that did not, after another's dump and both stacks were read
+                assert not any((out / f"rank-{r}.json").exists() for r in silent), silent
+                return dumps, stacks
             assert time.time() < end, last
             for f in files.values():
                 f.unlink()
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-        log.close()
+
+
+def hung_job_dumps(tmp_path: Path, mode: str, entered: dict[int, int]) -> dict[int, dict]:
+    return hung_job(tmp_path, mode, entered)[0]
 
 
 @pytest.fixture(scope="module")
-def skipped(tmp_path_factory):
-    return hung_job_dumps(tmp_path_factory.mktemp("hang"), "skip", {0: 6})
+def skipped_run(tmp_path_factory):
+    return hung_job(tmp_path_factory.mktemp("hang"), "skip", {0: 6})
+
+
+@pytest.fixture(scope="module")
+def skipped(skipped_run):
+    return skipped_run[0]
+
+
+@pytest.fixture(scope="module")
+def spinning(tmp_path_factory):
+    return hung_job(tmp_path_factory.mktemp("hang"), "spin", {0: 6}, dumpers=(0,))
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +135,65 @@ def test_outside_a_distributed_job_the_hook_says_why_and_writes_nothing(tmp_path
                          env={k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")})
     assert out.stdout.strip() == "(0, 'torch.distributed is not initialised in this process')"
     assert not (tmp_path / "d.json").exists()
+
+
+def test_a_rank_spinning_with_the_gil_held_writes_no_dump_yet_its_stack_names_it(spinning):
+    """Issue 45: the stuck rank spins in Python holding the GIL, so no thread of the hook runs in
+    it (the fixture asserts it wrote no dump when asked); its stack, read from outside, still
+    names the frame, and the verdict names the rank with it."""
+    dumps, stacks = spinning
+    assert sorted(dumps) == [0]
+    for doc in stacks.values():
+        schemas.validate("python_stacks", doc)
+    (gil,) = [t for t in stacks[1]["threads"] if t["owns_gil"]]
+    assert gil["name"] == "MainThread" and gil["active"] and gil["frames"][0]["name"] == "spin_holding_the_gil", gil
+    assert not any(t["owns_gil"] for t in stacks[0]["threads"]), stacks[0]     # rank 0 waits in gloo, GIL let go
+    report = hang_report(dumps, world_size=2, where={1: "pod trainer-1 on node gpu-2"}, stacks=stacks)
+    v = report["verdict"]
+    assert v.startswith("rank 1 (pod trainer-1 on node gpu-2) wrote no Flight Recorder dump while ranks [0] wait in "
+                        "gloo:all_reduce collective_seq_id 6"), v
+    assert "rank 1 is now at " in v and "hang_job.py:" in v and "(spin_holding_the_gil), holding the GIL" in v, v
+    assert report["now_at"]["1"].endswith("(spin_holding_the_gil), holding the GIL")
+    # without the stacks the same dumps cannot name it
+    assert hang_report(dumps, world_size=2)["verdict"].startswith("no Flight Recorder dump from ranks [1]")
+
+
+def test_the_stack_says_where_a_rank_that_skipped_the_collective_is_now(skipped_run):
+    dumps, stacks = skipped_run
+    v = hang_report(dumps, stacks=stacks)["verdict"]
+    assert v.startswith("rank 1 never entered gloo:all_reduce collective_seq_id 6"), v
+    # rank 1 sleeps in main (time.sleep is C: no frame of its own), not in torch; rank 0 is left out
+    assert "; rank 1 is now at " in v and "hang_job.py:" in v.split("rank 1 is now at ")[1] and "rank 0 is now" not in v, v
+
+
+@pytest.mark.parametrize("pid, reason", [(999_999_999, "process_gone"), (0, "unreadable"), (True, "unreadable")])
+def test_stacks_of_no_process_say_why(pid, reason):
+    with pytest.raises(StacksUnavailable) as err:
+        asyncio.run(read_stacks(pid))
+    assert err.value.reason == reason, err.value
+
+
+def test_stacks_of_a_process_that_is_not_python_say_so(tmp_path):
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        with pytest.raises(StacksUnavailable) as err:
+            asyncio.run(read_stacks(p.pid))
+        assert err.value.reason == "not_python" and "py-spy exit 1" in err.value.detail, err.value
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_stacks_without_the_tool_say_so(tmp_path):
+    with pytest.raises(StacksUnavailable) as err:
+        asyncio.run(read_stacks(os.getpid(), py_spy=str(tmp_path / "py-spy")))
+    assert err.value.reason == "tool_missing", err.value
+
+
+def test_a_tool_that_prints_something_else_is_refused_not_trusted(tmp_path):
+    fake = tmp_path / "py-spy"       # stands for a py-spy whose JSON changed shape: refused by the schema
+    fake.write_text('#!/bin/sh\necho \'[{"thread_id": "x", "frames": 3}]\'\n')
+    fake.chmod(0o755)
+    with pytest.raises(StacksUnavailable) as err:
+        asyncio.run(read_stacks(os.getpid(), py_spy=str(fake)))
+    assert err.value.reason == "unreadable" and "python_stacks" in err.value.detail, err.value
