@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from gpulens.capture import schemas
 from gpulens.capture.agent.stacks import StacksUnavailable, read_stacks
@@ -65,8 +66,17 @@ def hung_job(tmp_path: Path, mode: str, entered: dict[int, int], dumpers: tuple[
             for f in files.values():
                 f.unlink()
     finally:
+        # torchrun starts each worker in a session of its own: its group alone would leave them hung
+        workers = psutil.Process(p.pid).children(recursive=True) if p.poll() is None else []
         os.killpg(p.pid, signal.SIGKILL)
+        for w in workers:
+            try:
+                w.kill()
+            except psutil.NoSuchProcess:
+                pass
         p.wait()
+        psutil.wait_procs(workers, timeout=30)
+        log.close()
 
 
 def hung_job_dumps(tmp_path: Path, mode: str, entered: dict[int, int]) -> dict[int, dict]:
