@@ -37,6 +37,7 @@ class RegistrationRecord:
     identity: str = ""  # process_group | single_process (older hooks: empty)
     argv: list[str] = field(default_factory=list)
     steps_file: str = ""  # the hook's step counter beside this record (older hooks, or no torch optimizer: empty)
+    flight_socket: str = ""  # the hook's Flight Recorder socket in the socket folder (issue 45; older hooks: empty)
     schema_version: int = SCHEMA_VERSION
 
     @classmethod

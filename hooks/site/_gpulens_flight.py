@@ -10,6 +10,16 @@ and written as plain JSON (schema `flight_recorder`), frames included: what the 
 
 Standard library only; imports nothing of torch unless the process already has it. Never raises:
 the reason comes back instead, and training is untouched.
+
+**On request** (`FlightListener`): a registered rank of a process group listens on a Unix socket of
+its own in the node's socket folder (`flight__ns<ns>__p<pid>.sock`, named in its registration
+record as `flight_socket`) with one thread blocked in `accept()`: nothing runs while idle. The
+node agent connects and sends one JSON line `{"op": "flight_dump", "capture_id": ..., "target_id":
+...}`; the thread writes the dump to `<trace dir>/<capture_id>/<target_id>.flight.json` (a name it
+builds itself: a caller chooses no path) and answers one JSON line, `{"ok": true, "path": ...,
+"bytes": ...}` or `{"ok": false, "reason": ...}`. Only root (the agent) or this process's own user
+may ask (`SO_PEERCRED`). A rank whose thread holds the GIL cannot answer: the agent's wait is
+bounded, and its stacks, read from outside, say where it is.
 """
 
 from __future__ import annotations
@@ -17,10 +27,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+import socket
+import struct
 import sys
 import tempfile
 
-__all__ = ["DUMP_VERSION", "dump", "write_dump"]
+__all__ = ["DUMP_VERSION", "dump", "write_dump", "FlightListener", "flight_socket_name", "flight_dump_name"]
 
 DUMP_VERSION = 1     # of the JSON this writes; torch's own is kept as `fr_version`
 
@@ -75,3 +88,110 @@ def _plain(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+_MAX_REQUEST = 4096
+
+
+def flight_socket_name(pid_namespace: str, pid: int) -> str:
+    """`flight__ns<ns>__p<pid>.sock`: one per process, beside Kineto's sockets."""
+    ns = "".join(c for c in pid_namespace if c.isdigit()) or "0"
+    return f"flight__ns{ns}__p{pid}.sock"
+
+
+def flight_dump_name(capture_id: str, target_id: str) -> str | None:
+    """`<capture_id>/<target_id>.flight.json` under the trace folder, or None for ids that are not
+    plain names (a caller must never steer the write outside its capture's folder)."""
+    if not (isinstance(capture_id, str) and isinstance(target_id, str) and _ID.match(capture_id)
+            and _ID.match(target_id)) or ".." in capture_id or ".." in target_id:
+        return None
+    return f"{capture_id}/{target_id}.flight.json"
+
+
+class FlightListener:
+    """This rank's Flight Recorder, written on the node agent's request (see the module's text)."""
+
+    def __init__(self, socket_dir: str, trace_dir: str):
+        self.socket_dir, self.trace_dir = socket_dir, trace_dir
+        self.path: str | None = None
+        self.pid: int | None = None
+        self._sock = None
+
+    def start(self, name: str) -> str | None:
+        """Listen at `<socket_dir>/<name>` on a daemon thread; the path, or None (then no listener)."""
+        import threading
+
+        path = os.path.join(self.socket_dir, name)
+        try:
+            if os.path.exists(path):
+                os.unlink(path)          # a dead process's socket with our pid (a pid namespace reused)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            os.chmod(path, 0o600)
+            sock.listen(4)
+        except OSError:
+            return None
+        self._sock, self.path, self.pid = sock, path, os.getpid()
+        threading.Thread(target=self._serve, name="gpulens-flight", daemon=True).start()
+        return path
+
+    def close(self) -> None:
+        if self.pid != os.getpid():      # a forked child inherits the object, never the listener
+            return
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def _serve(self) -> None:
+        while self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return                   # closed
+            try:
+                with conn:
+                    conn.settimeout(5.0)
+                    conn.sendall(json.dumps(self.answer(conn)).encode() + b"\n")
+            except OSError:
+                pass
+            except Exception:  # noqa: BLE001 - the listener must outlive any one bad request
+                pass
+
+    def answer(self, conn) -> dict:
+        try:
+            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except OSError:
+            return {"ok": False, "reason": "refused: the caller's credentials could not be read"}
+        if uid not in (0, os.getuid()):
+            return {"ok": False, "reason": f"refused: uid {uid} may not ask (only root or uid {os.getuid()})"}
+        data = b""
+        while not data.endswith(b"\n") and len(data) <= _MAX_REQUEST:
+            chunk = conn.recv(_MAX_REQUEST)
+            if not chunk:
+                break
+            data += chunk
+        try:
+            req = json.loads(data) if len(data) <= _MAX_REQUEST else None
+        except ValueError:
+            req = None
+        if not isinstance(req, dict) or req.get("op") != "flight_dump":
+            return {"ok": False, "reason": "bad request: one JSON line {\"op\": \"flight_dump\", ...} expected"}
+        name = flight_dump_name(req.get("capture_id"), req.get("target_id"))
+        if name is None:
+            return {"ok": False, "reason": "bad request: capture_id and target_id must be plain names"}
+        path = os.path.join(self.trace_dir, name)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:
+            return {"ok": False, "reason": f"cannot make {os.path.dirname(path)}: {exc}"}
+        size, why = write_dump(path)
+        return {"ok": True, "path": path, "bytes": size} if why is None else {"ok": False, "reason": why}

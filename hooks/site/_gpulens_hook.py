@@ -28,6 +28,7 @@ import sys
 import time
 import zlib
 
+from _gpulens_flight import FlightListener, flight_socket_name
 from _gpulens_imports import AfterImport
 from _gpulens_record import (IDENTITY_PROCESS_GROUP, IDENTITY_SINGLE_PROCESS, SCHEMA_VERSION, RegistryWriteError,
                              build_record, pid_namespace, record_filename, remove_quietly, write_atomically)
@@ -88,6 +89,7 @@ class Registrar:
         self.signals = ExitSignals(self.remove)
         self._atexit = False
         self.steps: StepPublisher | None = None
+        self.flight: FlightListener | None = None
 
     # the two moments -------------------------------------------------------------------------
 
@@ -114,6 +116,10 @@ class Registrar:
         name = record_filename(rec)
         if self._steps_possible():   # named before the write; made only once the record is on disk
             rec["steps_file"] = steps_filename(rec["pid_namespace"], pid)
+        if identity == IDENTITY_PROCESS_GROUP and rec.get("socket_dir"):
+            listening = self._listen_for_flight(rec)   # before the write: a named socket already answers
+            if listening:
+                rec["flight_socket"] = listening
         try:
             path = write_atomically(self.registry, name, rec)
         except RegistryWriteError as exc:
@@ -136,6 +142,17 @@ class Registrar:
             self._atexit = True
         self.signals.install()
         return path
+
+    def _listen_for_flight(self, rec: dict) -> str | None:
+        """This rank's Flight Recorder listener (once per process): the socket's name, or None."""
+        name = flight_socket_name(rec["pid_namespace"], rec["pid"])
+        if self.flight is not None and self.flight.pid == rec["pid"]:
+            return name
+        listener = FlightListener(rec["socket_dir"], rec["trace_dir"])
+        if listener.start(name) is None:
+            return None              # the dump is lost to captures, never the registration
+        self.flight = listener
+        return name
 
     @staticmethod
     def _steps_possible() -> bool:
@@ -181,6 +198,8 @@ class Registrar:
             self.path = None
             if self.steps is not None and self.steps.pid == os.getpid():
                 self.steps.close()
+            if self.flight is not None:
+                self.flight.close()
 
     def _warn(self, message: str) -> None:
         if not self.warned:

@@ -7,14 +7,14 @@ Ten all_reduce calls; at the sixth (collective_seq_id 6):
 - `mismatch`: rank 1 calls all_gather where rank 0 calls all_reduce;
 - `spin`: rank 1 spins in `spin_holding_the_gil` (a C loop under one Python call: it never lets
   the GIL go, so no other thread of that process runs, the hook's dump thread included).
-Each rank prints `rank R pid P at 5` before its sixth call; a thread of each rank then waits for OUT/dump-now
-(the test writes it once both printed) and writes its Flight Recorder with the trainer hook's own
-code (hooks/site/_gpulens_flight.py) to OUT/rank-N.json, while the main thread is blocked.
+Each rank prints `rank R pid P at 5` before its sixth call. Nothing here dumps anything: the
+trainer hook (on PYTHONPATH, armed by the test's environment) registered each rank when its
+process group formed and listens for the agent's request (hooks/site/_gpulens_flight.py), which
+the test sends while the main thread is blocked, as the agent would.
 """
 
 import os
 import sys
-import threading
 import time
 
 
@@ -25,18 +25,9 @@ def spin_holding_the_gil() -> int:
 def main(out: str, mode: str) -> None:
     import torch
     import torch.distributed as dist
-    from _gpulens_flight import write_dump
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-
-    def dump_when_asked() -> None:
-        while not os.path.exists(os.path.join(out, "dump-now")):
-            time.sleep(0.05)
-        size, why = write_dump(os.path.join(out, f"rank-{rank}.json"))
-        print(f"dumped {size} {why}", flush=True)
-
-    threading.Thread(target=dump_when_asked, daemon=True).start()
     t = torch.ones(8)
     for i in range(10):
         if i == 5:

@@ -8,15 +8,18 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 from gpulens.capture import schemas
+from gpulens.capture.agent.flight import FlightUnavailable, dump_path, read_flight_dump, request_flight_dump
 from gpulens.capture.agent.stacks import StacksUnavailable, read_stacks
 from gpulens.capture.analysis.hang import hang_report
 from gpulens.hooks import hook_path
@@ -31,13 +34,19 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 def hung_job(tmp_path: Path, mode: str, entered: dict[int, int], dumpers: tuple[int, ...] = (0, 1)
              ) -> tuple[dict[int, dict], dict[int, dict]]:
-    """Run hang_job.py in `mode` until it hangs at its sixth collective; the dumps of `dumpers` once
-    they show the collectives `entered` says they must have entered (rank -> last collective_seq_id),
-    and then every rank's stacks, read from outside by the agent's reader (capture/agent/stacks.py)."""
+    """Run hang_job.py in `mode`, armed by the trainer hook, until it hangs at its sixth collective.
+    Then, as the agent does: ask each rank's hook over its `flight_socket` for its dump (read back
+    and checked by capture/agent/flight.py) until the `dumpers` show the collectives `entered` says
+    they must have entered (rank -> last collective_seq_id), the others' requests must go
+    unanswered within the bound; and read every rank's stacks from outside (capture/agent/stacks.py)."""
     out = tmp_path / mode
-    out.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_"))}
-    env.update(PYTHONPATH=str(hook_path()), OMP_NUM_THREADS="1")
+    reg, traces = out / "reg", out / "traces"
+    for d in (reg, traces):
+        d.mkdir(parents=True)
+    sock = Path(tempfile.mkdtemp(prefix="gl-fr-", dir="/tmp"))      # short: a socket path has 108 bytes
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_"))}
+    env.update(PYTHONPATH=str(hook_path()), OMP_NUM_THREADS="1", GPULENS_REGISTRY_DIR=str(reg), GPULENS_JOB_ID="hang",
+               GPULENS_SOCKET_DIR=str(sock), GPULENS_TRACE_DIR=str(traces))
     logfile = tmp_path / f"{mode}.log"
     log = open(logfile, "w")
     p = subprocess.Popen([TORCHRUN, "--nproc-per-node=2", f"--master-port={free_port()}", str(HERE / "hang_job.py"),
@@ -48,23 +57,30 @@ def hung_job(tmp_path: Path, mode: str, entered: dict[int, int], dumpers: tuple[
             assert time.time() < end and p.poll() is None, logfile.read_text()[-3000:]
             time.sleep(0.1)
         pids = {int(r): int(pid) for r, pid in re.findall(r"rank (\d+) pid (\d+) at 5", logfile.read_text())}
+        records = {rec["global_rank"]: rec for rec in (json.loads(f.read_text()) for f in reg.glob("*.json"))}
+        assert sorted(records) == [0, 1] and {r: rec["pid"] for r, rec in records.items()} == pids, records
+        sockets = {r: str(sock / rec["flight_socket"]) for r, rec in records.items()}
+        attempt = 0
         while True:     # a rank prints "at 5" just before its call: ask again until its dump shows the call
-            (out / "dump-now").touch()
-            files = {r: out / f"rank-{r}.json" for r in dumpers}
-            while not all(f.exists() for f in files.values()):
-                assert time.time() < end and p.poll() is None, logfile.read_text()[-3000:]
-                time.sleep(0.05)
-            dumps = {r: json.loads(f.read_text()) for r, f in files.items()}
+            attempt += 1
+            dumps = {}
+            for r in dumpers:
+                answer = asyncio.run(request_flight_dump(sockets[r], "c-hang", f"rank-{r}-{attempt}", timeout_s=20))
+                path = dump_path(traces, "c-hang", f"rank-{r}-{attempt}")
+                assert answer["ok"] and answer["path"] == str(path) and answer["bytes"] == path.stat().st_size, answer
+                dumps[r] = read_flight_dump(path)
             last = {r: int(d["pg_status"]["0"]["last_enqueued_collective"]) for r, d in dumps.items()}
             if all(last[r] >= seq for r, seq in entered.items()):
-                stacks = {r: asyncio.run(read_stacks(pid)) for r, pid in sorted(pids.items())}
-                silent = sorted(set(pids) - set(dumpers))
-                # a rank asked to dump that did not, after another's dump and both stacks were read
-                assert not any((out / f"rank-{r}.json").exists() for r in silent), silent
-                return dumps, stacks
+                break
             assert time.time() < end, last
-            for f in files.values():
-                f.unlink()
+            time.sleep(0.2)
+        for r in sorted(set(pids) - set(dumpers)):      # asked, and bounded: no answer, nothing written
+            with pytest.raises(FlightUnavailable) as err:
+                asyncio.run(request_flight_dump(sockets[r], "c-hang", f"rank-{r}", timeout_s=3))
+            assert err.value.reason == "no_answer", err.value
+            assert not dump_path(traces, "c-hang", f"rank-{r}").exists()
+        stacks = {r: asyncio.run(read_stacks(pid)) for r, pid in sorted(pids.items())}
+        return dumps, stacks
     finally:
         # torchrun starts each worker in a session of its own: its group alone would leave them hung
         workers = psutil.Process(p.pid).children(recursive=True) if p.poll() is None else []
@@ -77,6 +93,7 @@ def hung_job(tmp_path: Path, mode: str, entered: dict[int, int], dumpers: tuple[
         p.wait()
         psutil.wait_procs(workers, timeout=30)
         log.close()
+        shutil.rmtree(sock, ignore_errors=True)
 
 
 def hung_job_dumps(tmp_path: Path, mode: str, entered: dict[int, int]) -> dict[int, dict]:

@@ -1,0 +1,134 @@
+"""The hook's Flight Recorder listener and the agent's request, at their boundary (issue 45).
+
+The listener runs here in the test's own process (it is standard library code; the real-job path,
+a rank blocked in a collective answering while another spins with the GIL held, is in
+tests/analysis/test_hang.py). Every bad request gets a clear refusal, nothing is written outside
+the capture's folder, and only root or the trainer's own user may ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from gpulens.capture.agent.flight import FlightUnavailable, dump_path, read_flight_dump, request_flight_dump
+from gpulens.hooks.site._gpulens_flight import FlightListener, flight_socket_name
+
+from tests.conftest import is_root
+
+
+@pytest.fixture
+def listening(tmp_path):
+    sock_dir = Path(tempfile.mkdtemp(prefix="gl-frt-", dir="/tmp"))
+    listener = FlightListener(str(sock_dir), str(tmp_path / "traces"))
+    path = listener.start(flight_socket_name("pid:[4026531836]", os.getpid()))
+    assert path is not None and Path(path).is_socket()
+    yield listener, tmp_path / "traces"
+    listener.close()
+    assert not Path(path).exists()                  # closing removes the socket
+    sock_dir.rmdir()
+
+
+def raw(path: str, payload: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(payload)
+        return json.loads(s.makefile("rb").readline())
+
+
+def test_outside_a_process_group_the_answer_says_why_and_nothing_is_written(listening):
+    listener, traces = listening
+    with pytest.raises(FlightUnavailable) as err:
+        asyncio.run(request_flight_dump(listener.path, "c-1", "rank-0"))
+    detail = err.value.detail
+    assert err.value.reason == "not_taken" and ("not initialised" in detail or "not imported" in detail), err.value
+    assert not dump_path(traces, "c-1", "rank-0").exists()
+
+
+@pytest.mark.parametrize("request_line", [
+    b'{"op": "flight_dump", "capture_id": "..", "target_id": "x"}\n',
+    b'{"op": "flight_dump", "capture_id": "c-1", "target_id": "../../etc/cron.d/x"}\n',
+    b'{"op": "flight_dump", "capture_id": "/abs", "target_id": "x"}\n',
+    b'{"op": "flight_dump", "capture_id": "c-1", "target_id": 3}\n',
+    b'{"op": "flight_dump", "capture_id": "c-1", "target_id": "a..b"}\n',
+    b'{"op": "shell", "cmd": "id"}\n',
+    b"not json\n",
+    b"[1, 2]\n",
+    b"x" * 10_000,
+])
+def test_bad_requests_are_refused_and_write_nothing(listening, request_line):
+    listener, traces = listening
+    answer = raw(listener.path, request_line)
+    assert answer["ok"] is False and answer["reason"].startswith("bad request"), answer
+    assert not traces.exists() or not any(traces.rglob("*")), list(traces.rglob("*"))
+    # the listener lives on: a good request after a bad one is still answered
+    assert raw(listener.path, b'{"op": "flight_dump", "capture_id": "c-2", "target_id": "r0"}\n')["ok"] is False
+
+
+def test_a_client_that_connects_and_says_nothing_does_not_stop_the_listener(listening):
+    listener, _ = listening
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    idle.connect(listener.path)         # holds the one thread for its 5 s read timeout, then let go
+    try:
+        answer = raw(listener.path, b'{"op": "flight_dump", "capture_id": "c-3", "target_id": "r0"}\n')
+        assert answer["ok"] is False and "not" in answer["reason"], answer
+    finally:
+        idle.close()
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root to run a client as another user")
+def test_another_user_is_kept_out_by_the_socket_and_by_its_credentials(listening):
+    listener, traces = listening
+    # the machine's own python3 (the venv's interpreter lies under root's home): a bare client
+    client = ("import json, socket, sys\n"
+              "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+              "try:\n  s.connect(%r)\nexcept OSError as e:\n  print('no_socket', e); sys.exit()\n"
+              "s.sendall(b'{\"op\": \"flight_dump\", \"capture_id\": \"c-4\", \"target_id\": \"r0\"}\\n')\n"
+              "print('answer', s.makefile('rb').readline().decode())\n" % listener.path)
+    as_nobody = dict(capture_output=True, text=True, timeout=60, check=False, user=65534, group=65534, env={}, cwd="/")
+    os.chmod(os.path.dirname(listener.path), 0o755)
+    out = subprocess.run(["/usr/bin/python3", "-c", client], **as_nobody)
+    assert out.stdout.startswith("no_socket") and "Permission denied" in out.stdout, (out.stdout, out.stderr[-2000:])
+    os.chmod(listener.path, 0o666)       # past the file's mode, the listener's own check still refuses
+    out = subprocess.run(["/usr/bin/python3", "-c", client], **as_nobody)
+    answer = json.loads(out.stdout.removeprefix("answer "))
+    assert answer["ok"] is False and "refused: uid 65534 may not ask" in answer["reason"], (out.stdout, out.stderr[-2000:])
+    assert not traces.exists()
+
+
+def test_no_socket_and_a_silent_one_are_told_apart(tmp_path):
+    with pytest.raises(FlightUnavailable) as err:
+        asyncio.run(request_flight_dump(str(tmp_path / "none.sock"), "c-5", "r0"))
+    assert err.value.reason == "no_socket", err.value
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)      # stands for a rank holding the GIL:
+    silent.bind(str(tmp_path / "s.sock"))                          # the kernel accepts, nobody answers
+    silent.listen(1)
+    try:
+        with pytest.raises(FlightUnavailable) as err:
+            asyncio.run(request_flight_dump(str(tmp_path / "s.sock"), "c-5", "r0", timeout_s=1))
+        assert err.value.reason == "no_answer", err.value
+    finally:
+        silent.close()
+
+
+@pytest.mark.parametrize("content, why", [(b"{}", "flight_recorder"), (b"nope", "not JSON"), (b"x" * 2048, "limit")])
+def test_a_dump_that_is_not_one_is_refused(tmp_path, content, why):
+    p = tmp_path / "d.flight.json"
+    p.write_bytes(content)
+    with pytest.raises(FlightUnavailable) as err:
+        read_flight_dump(p, max_bytes=1024)
+    assert err.value.reason == "unreadable" and why in err.value.detail, err.value
+
+
+def test_the_dump_path_never_leaves_the_capture_folder(tmp_path):
+    assert dump_path(tmp_path, "c-6", "rank-3") == tmp_path / "c-6" / "rank-3.flight.json"
+    for bad in ("..", "../x", "a/b", "", ".hidden"):
+        with pytest.raises(FlightUnavailable):
+            dump_path(tmp_path, bad, "r0")
