@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Call", "calls_of", "hang_report", "where_now"]
+__all__ = ["Call", "calls_of", "evidence_report", "hang_report", "where_now"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,26 @@ def hang_report(dumps: dict[int, dict], world_size: int | None = None, where: di
     return {"ranks_with_dumps": sorted(dumps), "ranks_without_dumps": missing_dumps, "groups": out_groups,
             "ranks_with_stacks": sorted(now), "now_at": {str(r): w for r, w in sorted(now.items())},
             "verdict": _verdict(out_groups, missing_dumps, where or {}, now)}
+
+
+def evidence_report(evidence: list[dict], world_size: int | None = None, where: dict[int, str] | None = None) -> dict:
+    """`hang_report` over the agent's per-rank `hang_evidence` documents (one per archived target),
+    with what each rank's missing half was missing for (`missing`: rank -> {"dump": reason, ...})."""
+    dumps, stacks, missing = {}, {}, {}
+    for doc in evidence:
+        r = int(doc["rank"])
+        fr, st = doc.get("flight_recorder") or {}, doc.get("stacks") or {}
+        if fr.get("dump") is not None:
+            dumps[r] = fr["dump"]
+        else:
+            missing.setdefault(str(r), {})["dump"] = f"{fr.get('reason')}: {fr.get('detail') or ''}".strip()
+        if st.get("doc") is not None:
+            stacks[r] = st["doc"]
+        else:
+            missing.setdefault(str(r), {})["stacks"] = f"{st.get('reason')}: {st.get('detail') or ''}".strip()
+    report = hang_report(dumps, world_size=world_size, where=where, stacks=stacks)
+    report["missing"] = missing
+    return report
 
 
 def _mismatches(calls: list[Call]) -> list[dict]:

@@ -132,3 +132,19 @@ def test_the_dump_path_never_leaves_the_capture_folder(tmp_path):
     for bad in ("..", "../x", "a/b", "", ".hidden"):
         with pytest.raises(FlightUnavailable):
             dump_path(tmp_path, bad, "r0")
+
+
+def test_evidence_of_a_worker_without_socket_or_pid_says_why_for_each_half(tmp_path):
+    from gpulens.capture import schemas
+    from gpulens.capture.agent.hang_evidence import HangTarget, collect_hang_evidence
+
+    doc = asyncio.run(collect_hang_evidence(HangTarget("c-7", "r0", 0, 41, None, None, str(tmp_path))))
+    schemas.validate("hang_evidence", doc)
+    assert (doc["flight_recorder"]["dump"], doc["flight_recorder"]["reason"]) == (None, "no_socket")
+    assert (doc["stacks"]["doc"], doc["stacks"]["reason"]) == (None, "process_gone")
+    gone = asyncio.run(collect_hang_evidence(HangTarget("c-7", "r1", 1, 42, 999_999_999, str(tmp_path / "x.sock"),
+                                                        str(tmp_path))))
+    assert (gone["flight_recorder"]["reason"], gone["stacks"]["reason"]) == ("no_socket", "process_gone"), gone
+    bad = dict(doc, stacks={"doc": None, "reason": None, "detail": None})   # a missing half must say why
+    with pytest.raises(schemas.SchemaError):
+        schemas.validate("hang_evidence", bad)

@@ -20,8 +20,9 @@ import psutil
 import pytest
 from gpulens.capture import schemas
 from gpulens.capture.agent.flight import FlightUnavailable, dump_path, read_flight_dump, request_flight_dump
+from gpulens.capture.agent.hang_evidence import HangTarget, collect_hang_evidence
 from gpulens.capture.agent.stacks import StacksUnavailable, read_stacks
-from gpulens.capture.analysis.hang import hang_report
+from gpulens.capture.analysis.hang import evidence_report, hang_report, where_now
 from gpulens.hooks import hook_path
 
 from tests.conftest import free_port
@@ -29,6 +30,8 @@ from tests.conftest import free_port
 pytestmark = [pytest.mark.timeout(240)]
 
 HERE = Path(__file__).parent
+EVIDENCE: dict[str, list[dict]] = {}     # mode -> the hang_evidence documents its run left
+LEFT: dict[str, list[str]] = {}          # mode -> the evidence dumps still in its trace folder after
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
@@ -80,6 +83,12 @@ def hung_job(tmp_path: Path, mode: str, entered: dict[int, int], dumpers: tuple[
             assert err.value.reason == "no_answer", err.value
             assert not dump_path(traces, "c-hang", f"rank-{r}").exists()
         stacks = {r: asyncio.run(read_stacks(pid)) for r, pid in sorted(pids.items())}
+        # and once more as a hang capture's target takes it: both halves in one document per rank
+        evidence = [asyncio.run(collect_hang_evidence(HangTarget(
+            "c-hang", f"ev-{r}", r, pids[r], pids[r], sockets[r], str(traces)), flight_timeout_s=3))
+            for r in sorted(pids)]
+        EVIDENCE[mode] = evidence
+        LEFT[mode] = sorted(p.name for p in traces.rglob("ev-*"))
         return dumps, stacks
     finally:
         # torchrun starts each worker in a session of its own: its group alone would leave them hung
@@ -224,3 +233,25 @@ def test_a_tool_that_prints_something_else_is_refused_not_trusted(tmp_path):
     with pytest.raises(StacksUnavailable) as err:
         asyncio.run(read_stacks(os.getpid(), py_spy=str(fake)))
     assert err.value.reason == "unreadable" and "python_stacks" in err.value.detail, err.value
+
+
+def test_a_hang_captures_evidence_holds_both_halves_or_says_why(spinning, skipped):
+    """One `hang_evidence` document per rank, as a hang capture's target archives it: the spinning
+    rank's dump is missing for `no_answer` and its stacks are there; the report read from the
+    documents alone names the same rank with the same verdict; the hook's dump files are folded in."""
+    for mode in ("spin", "skip"):
+        for doc in EVIDENCE[mode]:
+            schemas.validate("hang_evidence", doc)
+    ev = {d["rank"]: d for d in EVIDENCE["spin"]}
+    assert ev[0]["flight_recorder"]["dump"] is not None and ev[0]["stacks"]["doc"] is not None, ev[0]["flight_recorder"]
+    assert ev[1]["flight_recorder"]["dump"] is None and ev[1]["flight_recorder"]["reason"] == "no_answer"
+    assert ev[1]["stacks"]["reason"] is None and where_now(ev[1]["stacks"]["doc"]).endswith("holding the GIL")
+    report = evidence_report(EVIDENCE["spin"], world_size=2)
+    assert report["missing"] == {"1": {"dump": report["missing"]["1"]["dump"]}}
+    assert report["missing"]["1"]["dump"].startswith("no_answer: ")
+    assert report["verdict"] == hang_report(spinning[0], world_size=2, stacks=spinning[1])["verdict"]
+    assert LEFT["spin"] == [] and LEFT["skip"] == [], LEFT        # the hook's files folded into the documents
+    assert report["verdict"].startswith("rank 1 wrote no Flight Recorder dump while ranks [0] wait in"), report["verdict"]
+    skip = evidence_report(EVIDENCE["skip"])
+    assert skip["verdict"].startswith("rank 1 never entered gloo:all_reduce collective_seq_id 6"), skip["verdict"]
+    assert skip["missing"] == {}

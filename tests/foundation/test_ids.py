@@ -42,7 +42,8 @@ def test_every_schema_pattern_is_anchored_at_the_end_of_input():
     """Walk every pattern in every schema: a match followed by a newline must not match."""
     samples = {"^[a-z0-9][a-z0-9-]{7,62}$": GOOD_CAPTURE, "^[A-Za-z0-9][A-Za-z0-9._-]*$": "train",
                "^[0-9a-f]{64}$": "0" * 64,
-               "^[A-Za-z][A-Za-z0-9]*/[A-Za-z0-9][A-Za-z0-9._-]*$": "Deployment/web"}
+               "^[A-Za-z][A-Za-z0-9]*/[A-Za-z0-9][A-Za-z0-9._-]*$": "Deployment/web",
+               "^(flight__ns[0-9]+__p[0-9]+[.]sock)?$": "flight__ns4026531836__p41.sock"}
     seen = []
 
     def walk(node):
