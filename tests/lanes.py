@@ -20,9 +20,8 @@ cluster's package fixture came up in several workers at once.)
 The lanes already keep their state apart (each test its own ports, tmp folders, socket folders and
 network-namespace names; the cluster's names, mounts and cgroups are its own and checked as such by
 tests/cluster/harness.machine_state), and each lane's session fixtures live in its own worker.
-`GPULENS_TEST_LANES=4 scripts/test.sh` runs `-n 4`; the default (and CI) is still one process
-(`-p no:xdist`: the lanes do nothing but time themselves), until the one failure seen side by side is
-fixed at its root (scripts/test.sh says which). At the end the terminal summary gives each lane's test count,
+`scripts/test.sh` runs `-n 4` (the default, and CI's); `GPULENS_TEST_LANES=0` runs one process
+(`-p no:xdist`: the lanes do nothing but time themselves). At the end the terminal summary gives each lane's test count,
 the time spent in its tests and when it ran, just above pytest's closing line."""
 
 from __future__ import annotations
