@@ -93,8 +93,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="iteration captures start every rank at one iteration this many seconds of the fastest rank's stepping "
            "ahead of the furthest rank (dispatch + Kineto's 5 s poll); a rank past it anyway ends missed_start")
     a("--wall-start-lead-s", type=float, default=16.0, metavar="S",
-      help="wall-clock captures start every rank's window at one instant, the first whole second this long after "
-           "dispatch (>= 13: the agent "
+      help="wall-clock captures start every rank's window at one instant at least this long after dispatch, "
+           "on the phase of Kineto's 1 s profiler tick (>= 13: the agent "
            "needs 12 s before it to send the config: Kineto's <= 5 s poll, its 1 s profiler tick, 5 s warm-up, 1 s "
            "slack); the manifest records it and each rank's actual start")
     a("--max-captures", type=int, default=200, help="finished captures kept in memory")

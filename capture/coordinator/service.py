@@ -88,6 +88,9 @@ class Coordinator:
                                          if prefix.startswith("s3://") else open_archive(prefix))
         self.annotation_backoff_s = annotation_backoff_s
         self.delays = DelayTracker()
+        # ms into a second where this job's last wall-clock window ended: the phase its ranks' Kineto
+        # profiler ticks are on now (capture/dynolog/config.py, tick_aligned_start_ms)
+        self._tick_phase_ms = 0
         self.captures: OrderedDict[str, CaptureRecord] = OrderedDict()
         self._cancel: dict[str, asyncio.Event] = {}
         self._tasks: dict[str, asyncio.Task] = {}
@@ -257,14 +260,17 @@ class Coordinator:
                 window_ms = max(window_ms, min(600_000, int(plan.window_s * 1000)))
                 starts_at = None
             else:
-                # on a whole second: Kineto's profiler tick keeps the last start's phase, so every
+                # on the phase of Kineto's profiler tick: where this job's last window ended, so every
                 # capture after a process's first gets a whole tick of room (tick_aligned_start_ms)
-                record.start_time_ms = tick_aligned_start_ms(time.time() + self.settings.fanout.wall_start_lead_s)
+                record.start_time_ms = tick_aligned_start_ms(time.time() + self.settings.fanout.wall_start_lead_s,
+                                                             self._tick_phase_ms)
+                self._tick_phase_ms = (record.start_time_ms + record.request.duration_ms) % 1000
                 starts_at = record.start_time_ms / 1000
                 record.note("start_time", start_time_ms=record.start_time_ms,
-                            detail=f"every rank starts its window at this instant, the first whole second "
+                            detail=f"every rank starts its window at this instant, "
                                    f"{self.settings.fanout.wall_start_lead_s:g} s or more after dispatch "
-                                   f"(poll + warm-up + slack; on Kineto's tick grid)")
+                                   f"(poll + warm-up + slack), on the phase of Kineto's 1 s tick where the "
+                                   f"job's last window ended")
                 clog.info("capture.start_time", start_time_ms=record.start_time_ms)
             d = self.settings.deadlines.compute(time.time(), window_ms, self.delays.estimate(), starts_at=starts_at)
             record.agent_deadline, record.deadline, record.quiet_until = d.agent, d.coordinator, d.quiet_until

@@ -29,6 +29,7 @@ triggered. So every value is checked here, before anything is sent:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -43,19 +44,22 @@ MIN_START_LEAD_MS = 12_000
 TICK_MS = 1_000  # Kineto's profiler loop (`kControllerIntervalMsecs`)
 
 
-def tick_aligned_start_ms(earliest: float) -> int:
-    """The first whole second at or after `earliest` (unix seconds), in ms: the start instant to send.
+def tick_aligned_start_ms(earliest: float, phase_ms: int = 0) -> int:
+    """The first instant at or after `earliest` (unix seconds) that lies `phase_ms` into a second, in ms.
 
-    Why whole seconds: Kineto's profiler thread ticks on a fixed 1 s grid and activates a
-    time-based config on the first tick at or after start - warm-up - 1 s, then cancels it unless
-    that tick still lies at least the warm-up before the start, so the config survives only a tick
-    later than its grid point by less than the grid's offset from the start. The grid takes the
-    phase of the last start the thread woke for (its Warmup state sleeps until the start). Starts
-    on one phase leave every capture after a process's first a whole tick of room; starts at
-    arbitrary milliseconds leave a random fraction of it (measured with torch 2.13: 0.999 s of room
-    after a whole-second start, 0.11-0.5 s after a start at another phase; docs/agent.md).
+    Why: Kineto's profiler thread ticks on a fixed 1 s grid and activates a time-based config on
+    the first tick at or after start - warm-up - 1 s, then cancels it unless that tick still lies
+    at least the warm-up before the start, so the config survives only a tick later than its grid
+    point by less than the grid's offset from the start. The grid takes the phase of the last
+    instant the thread slept until: a trace's start, then its end when that falls between two
+    ticks (a window that is not whole seconds). A start on the phase where the process's last
+    window ended therefore leaves a whole tick of room; one at an arbitrary millisecond leaves a
+    random fraction of it (measured with torch 2.13: 0.993-1.000 s on the phase, 0.11-0.62 s off
+    it; docs/agent.md). The coordinator passes the phase its job's last wall-clock window ended on.
     """
-    return -(-int(earliest * 1000) // TICK_MS) * TICK_MS
+    phase = int(phase_ms) % TICK_MS
+    ms = math.ceil(earliest * 1000)             # whole ms, never before `earliest`
+    return ms + (phase - ms) % TICK_MS
 MAX_DURATION_MS = 600_000
 MAX_ITERATIONS = 10_000
 MAX_ROUNDUP = 1_000_000

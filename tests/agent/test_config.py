@@ -100,7 +100,16 @@ def test_trace_id_must_be_decimal():
     (1796626575.5, 1796626576_000),
 ])
 def test_start_instants_fall_on_whole_seconds_never_before_the_earliest(earliest, expected):
-    """Kineto's profiler tick keeps the last start's phase; one phase for every start gives each
-    capture after a process's first a whole tick of room (tests/agent/test_tick_grid_torch.py)."""
+    """Kineto's profiler tick keeps the phase of the last instant it slept until; a start on that
+    phase gives the capture a whole tick of room (tests/agent/test_tick_grid_torch.py)."""
     got = tick_aligned_start_ms(earliest)
-    assert got == expected and got % 1000 == 0 and got >= int(earliest * 1000)
+    assert got == expected and got % 1000 == 0 and got >= earliest * 1000
+
+
+@pytest.mark.parametrize("earliest, phase, expected", [
+    (1796626575.5, 500, 1796626575_500), (1796626575.5004, 500, 1796626576_500), (1796626575.6, 500, 1796626576_500),
+    (1796626575.4, 500, 1796626575_500), (1796626575.4, 1500, 1796626575_500), (1796626575.0, 999, 1796626575_999),
+])
+def test_start_instants_on_another_phase(earliest, phase, expected):
+    got = tick_aligned_start_ms(earliest, phase)
+    assert got == expected and got >= earliest * 1000 and got - earliest * 1000 < 1000

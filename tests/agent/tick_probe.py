@@ -3,12 +3,15 @@ leaves a time-based config, with real torch. Prints one JSON line.
 
     unshare --net python tick_probe.py OUT_DIR
 
-One plain trainer (it never steps Kineto) polls the builtin endpoint on the abstract socket. Three
-wall-clock configs go to it one after another, each 13 s ahead: the first and second at a whole
-second (`tick_aligned_start_ms`, as the coordinator chooses), the third half a second off it. For
-each, the room is (start - 5 s warm-up) - the moment Kineto logged that its tick activated the
-config ("Received on-demand activity trace request"): Kineto cancels the config when the room is
-negative. The trainer's stderr is read line by line and each line stamped as it arrives.
+One plain trainer (it never steps Kineto) polls the builtin endpoint on the abstract socket. Four
+wall-clock configs go to it one after another, each 13 s ahead, as the coordinator places them
+(`tick_aligned_start_ms` on the phase where the last window ended): a 1 s window on a whole second,
+a 1.5 s window on a whole second (its end falls between two ticks), a 1 s window on the half second
+where that one ended, and last a 1 s window on a whole second again, off the phase the third left
+(the placement a rule of whole seconds alone would choose). For each, the room is (start - 5 s
+warm-up) - the moment Kineto logged that its tick activated the config ("Received on-demand activity
+trace request"): Kineto cancels the config when the room is negative. The trainer's stderr is read
+line by line and each line stamped as it arrives.
 """
 
 from __future__ import annotations
@@ -58,13 +61,15 @@ async def main(out: Path) -> dict:
         while not any(p.job_id == JOB and p.leaf == trainer.pid for p in ep.processes()):
             assert time.time() < end, "the trainer never polled the abstract socket"
             await asyncio.sleep(0.2)
-        for i, offset_ms in enumerate((0, 0, 500)):
-            start_ms = tick_aligned_start_ms(time.time() + 13) + offset_ms
+        phase = 0
+        for i, (duration_ms, on_phase) in enumerate(((1000, True), (1500, True), (1000, True), (1000, False))):
+            start_ms = tick_aligned_start_ms(time.time() + 13, phase if on_phase else 0)
+            phase = (start_ms + duration_ms) % 1000
             log_file = str(out / f"c{i}" / "rank-0.json")
             (out / f"c{i}").mkdir()
             seen = len(lines)
-            ep.trigger(build_config(TraceConfig(log_file, 1000, ("cpu_op",), start_time_ms=start_ms)), [trainer.pid], JOB,
-                       trace_id=str(400 + i))
+            ep.trigger(build_config(TraceConfig(log_file, duration_ms, ("cpu_op",), start_time_ms=start_ms)), [trainer.pid],
+                       JOB, trace_id=str(400 + i))
             final = Path(kineto_trace_path(log_file, trainer.pid))
             deadline = start_ms / 1000 + 30
             while not final.exists():

@@ -191,14 +191,18 @@ async def test_a_wall_capture_starts_every_rank_at_one_instant_the_coordinator_c
         await c.wait(rec.capture_id)
         it, _ = c.start(CaptureRequest(job_id="train", duration_ms=200, iterations=2))
         await c.wait(it.capture_id)
+        wall2, _ = c.start(CaptureRequest(job_id="train", duration_ms=200))
+        await c.wait(wall2.capture_id)
         await c.close()
     starts = {e.dispatch.start_time_ms for d in (da, db) for e in d.captures[rec.capture_id].values()}
     assert len(starts) == 1 and sum(len(d.captures[rec.capture_id]) for d in (da, db)) == 4
     [start] = starts
     assert before + 3.0 <= start / 1000 <= before + 3.0 + 2.0, (start / 1000 - before)
-    # on a whole second, so every capture after a process's first meets Kineto's tick grid at its
-    # phase (tick_aligned_start_ms; tests/agent/test_tick_grid_torch.py shows the grid with real Kineto)
+    # on Kineto's tick grid: the first wall capture on a whole second, the next where the first's
+    # 200 ms window ended (tick_aligned_start_ms; tests/agent/test_tick_grid_torch.py shows the grid)
     assert start % 1000 == 0, start
+    [after] = {e.dispatch.start_time_ms for d in (da, db) for e in d.captures[wall2.capture_id].values()}
+    assert after % 1000 == 200 and after >= start + 3000, (start, after)
     assert manifest_of(rec).start_time_ms == start
     assert json.loads(open(rec.manifest_uri.removeprefix("file://")).read())["window"]["start_time_ms"] == start
     assert {e.dispatch.start_time_ms for d in (da, db) for e in d.captures[it.capture_id].values()} == {None}
