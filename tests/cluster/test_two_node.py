@@ -294,6 +294,17 @@ def _targets(status: dict) -> str:
                      for t in status.get("targets") or [])
 
 
+def _kineto_said(api, ns: str, pods: dict) -> str:
+    """What each trainer pod's Kineto logged about on-demand requests (a refusal's cause is there)."""
+    words = ("on-demand", "Received config from dyno", "Not starting", "Tracing started", "Tracing complete",
+             "Failed to parse", "Ignored request", "could not start", "ipc fabric")
+    out = []
+    for node, p in sorted(pods.items()):
+        lines = [ln for ln in pod_log(api, ns, p.metadata.name, "trainer").splitlines() if any(w in ln for w in words)]
+        out.append(f"\n--- {node} {p.metadata.name}: Kineto's last on-demand lines\n" + "\n".join(lines[-40:]))
+    return "".join(out)
+
+
 def _container_pids(pod, container: str) -> list[int]:
     """The machine's pids of a container's processes (their cgroup paths name the container id)."""
     (cid,) = [c.container_id.split("//", 1)[1] for c in pod.status.container_statuses if c.name == container]
@@ -349,7 +360,7 @@ def test_a_hung_agent_on_one_node_costs_only_its_ranks(two, ddp, two_release):
         assert now.status.phase == "Running" and now.status.container_statuses[0].restart_count == 0
 
     again = wait_converged(two, start_capture(two, ns, 1500))
-    assert again["fully_succeeded"] and again["counts"] == {"archived": 4}, _targets(again)
+    assert again["fully_succeeded"] and again["counts"] == {"archived": 4}, _targets(again) + _kineto_said(two, ns, pods)
     # The trainers' polls that queued while it was stopped went unanswered once it ran again: an
     # answer Kineto no longer waits for would leave every later one a poll late (docs/agent.md).
     log = pod_log(two, NS, agent.metadata.name, "agent")

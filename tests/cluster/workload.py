@@ -73,7 +73,10 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
         env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                {"name": "NNODES", "value": str(nodes)}, {"name": "FIND_PEERS", "value": FIND_PEERS},
-               {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"}]
+               {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},
+               # Kineto's INFO lines (the tick that activated a config, or why it did not start): what
+               # a warm-up refusal on these pods is read from (test_two_node.py's _kineto_said)
+               {"name": "KINETO_LOG_LEVEL", "value": "0"}]
     if fail_attempt_0:
         command = ["sh", "-c", FAIL_ATTEMPT_0, "sh", *command]
     spread = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
