@@ -101,6 +101,7 @@ class KinetoEndpoint:
         self._procs: dict[tuple[int, frozenset[int]], KnownProcess] = {}
         self._gpu_ctx: dict[tuple[int, int], set[int]] = {}
         self.answer_window_s = answer_window_s
+        self._handed: tuple | None = None     # the handover of the poll being answered (see _take_back)
         # on_delivered / on_kineto calls of the datagram being answered, in order: run once it is answered
         self._after_answer: list[Callable[[], None]] = []
         self.late_unanswered = 0   # polls that waited past the window, so got no answer
@@ -261,7 +262,14 @@ class KinetoEndpoint:
             queued = _queued_at(anc)
             waited = time.time() - queued if queued is not None else 0.0
             late = waited > self.answer_window_s
+            self._handed = None
             reply = self._handle(data, late=late)
+            if not late and queued is not None and time.time() - queued > self.answer_window_s:
+                # stopped (SIGSTOP) or descheduled between the age check and here: sent now, the answer
+                # would reach Kineto after it stopped waiting and be read as the *next* poll's, every
+                # later answer then a poll behind; so no answer, and a config handed over on it goes back
+                waited, late = time.time() - queued, True
+                self._take_back()
             if late:
                 self.late_unanswered += 1
                 _log.info("ipc.late_poll_unanswered", peer=str(addr), waited_ms=round(waited * 1000),
@@ -326,12 +334,28 @@ class KinetoEndpoint:
         if req.wants_activities and proc.pending is not None:
             config = (proc.pending + "\n").encode()
             delivery = Delivery(req.job_id, proc.leaf, proc.pending_trace_id, time.time())
+            # what the poll itself said is kept; what the handover adds can be taken back (_take_back)
+            self._handed = (key, proc, proc.pending, proc.pending_trace_id, len(self._after_answer))
             self._watch.on_fetch(key, req.job_id, proc.leaf, proc.pending_trace_id, proc.pending)
             proc.pending = proc.pending_trace_id = None
             _log.info("ipc.config_fetched", job=req.job_id, pid=proc.leaf, trace_id=delivery.trace_id)
             if self.on_delivered is not None:
                 self._after_answer.append(lambda on=self.on_delivered, d=delivery: on(d))
         return ipcwire.pack("req", config)
+
+    def _take_back(self) -> None:
+        """Undo the handover of the poll just handled (its answer is not sent): the config is pending
+        again in its slot, and neither the agent nor the watch is told it was fetched."""
+        handed, self._handed = self._handed, None
+        if handed is None:
+            return
+        key, proc, pending, trace_id, mark = handed
+        if proc.pending is None:
+            proc.pending, proc.pending_trace_id = pending, trace_id
+        del self._after_answer[mark:]
+        self._watch.unfetch(key, trace_id)
+        _log.info("ipc.config_taken_back", job=proc.job_id, pid=proc.leaf, trace_id=trace_id,
+                  why="the answer would have reached Kineto after it stopped waiting")
 
     def _kineto_said(self, outcome: KinetoOutcome) -> None:
         _log.info("ipc.kineto_" + outcome.kind, job=outcome.job_id, pid=outcome.pid, trace_id=outcome.trace_id,

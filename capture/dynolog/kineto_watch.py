@@ -170,6 +170,14 @@ class KinetoWatch:
         activate_by = h.fetched_mono + (h.start_at - h.fetched_at) - WARMUP_S
         return now - activate_by >= self.grace_s - 2.0
 
+    def unfetch(self, key: object, trace_id: str | None) -> None:
+        """The handover of `trace_id` on `key`'s last poll was taken back (its answer was never sent)."""
+        held = [h for h in self._held.get(key, []) if not (h.trace_id == trace_id and not h.started)]
+        if held:
+            self._held[key] = held
+        else:
+            self._held.pop(key, None)
+
     def forget(self, key: object) -> None:
         self._held.pop(key, None)
 

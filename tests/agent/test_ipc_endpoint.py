@@ -212,3 +212,41 @@ async def test_never_steals_a_live_endpoint_but_replaces_a_stale_file(sock_dir):
     await ep.start()
     await ep.stop()
     assert not os.path.exists(path)
+
+
+async def test_an_answer_held_up_past_the_window_is_not_sent_and_its_config_goes_back(sock_dir, poller_factory):
+    """The poll was fresh when read, but the agent was stopped (the two-node test's SIGSTOP) or
+    descheduled before it answered: sent now, the answer would reach Kineto after it stopped waiting
+    and be read as its next poll's, every later answer a poll behind (seen in the two-node cluster:
+    the config reached rank 3 one poll, 5 s, late and was cancelled for warm-up). So the age is checked
+    again at the send: no answer, the config is pending again, nobody is told it was fetched, and the
+    next poll gets it."""
+    deliveries = []
+    ep = KinetoEndpoint(sock_dir, on_delivered=deliveries.append)
+    await ep.start()
+    try:
+        worker = poller_factory(sock_dir, 7, [100])
+        assert await worker.apoll() == ""                    # registered
+        ep.trigger(CONFIG, [100], 7, trace_id="99")
+        handle = ep._handle
+
+        def held_up(datagram, *, late=False):                # stands for the stop between read and send
+            reply = handle(datagram, late=late)
+            time.sleep(0.2)
+            return reply
+        ep._handle = held_up
+        worker.send_poll()
+        deadline = time.monotonic() + 5
+        while ep.late_unanswered < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert ep.late_unanswered == 1 and worker.queued_answers() == 0   # no stale answer queued for Kineto
+        assert deliveries == [] and [p.pending_trace_id for p in ep.processes()] == ["99"]
+        ep._handle = handle
+        got = await asyncio.to_thread(worker.poll, 3, KINETO_ANSWER_WAIT_S)    # Kineto's own wait
+        assert got is not None and "REQUEST_TRACE_ID=99" in got
+        deadline = time.monotonic() + 5
+        while not deliveries and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [d.trace_id for d in deliveries] == ["99"] and worker.queued_answers() == 0
+    finally:
+        await ep.stop()
