@@ -219,9 +219,20 @@ def _bytes(s3: S3, uri: str) -> bytes:
 def test_the_chart_runs_an_exporter_and_agent_on_each_node(two, two_release):
     pods = two.list_namespaced_pod(NS, label_selector=NODE_SEL).items
     assert sorted(p.spec.node_name for p in pods) == sorted([NODE, NODE2]), [p.spec.node_name for p in pods]
+
+    def both_ready():
+        # `helm install --wait` counts a DaemonSet done with maxUnavailable (1) of its pods not yet
+        # Ready, so on two nodes one pod may still be starting when it returns: wait for both
+        now = two.list_namespaced_pod(NS, label_selector=NODE_SEL).items
+        ready = {p.spec.node_name: {c.name: c.ready for c in p.status.container_statuses or []} for p in now}
+        both_ready.last = ready
+        return all(r.get("exporter") and r.get("agent") for r in ready.values()) and len(ready) == 2 and now
+    both_ready.last = None
+    try:
+        pods = wait_until("the exporter and agent Ready on both nodes", both_ready, 300, 2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {both_ready.last}") from None
     for p in pods:
-        ready = {c.name: c.ready for c in p.status.container_statuses or []}
-        assert ready.get("exporter") and ready.get("agent"), (p.spec.node_name, ready)
         assert p.status.host_ip == NODE_IPS[p.spec.node_name]
 
 
