@@ -42,6 +42,10 @@ __all__ = ["KinetoConfigError", "TraceConfig", "build_config", "log_file_for", "
 
 MIN_START_LEAD_MS = 12_000
 TICK_MS = 1_000  # Kineto's profiler loop (`kControllerIntervalMsecs`)
+MAX_DURATION_MS = 600_000
+MAX_ITERATIONS = 10_000
+MAX_ROUNDUP = 1_000_000
+MAX_START_ITERATION = 10**12
 
 
 def tick_aligned_start_ms(earliest: float, phase_ms: int = 0) -> int:
@@ -60,10 +64,6 @@ def tick_aligned_start_ms(earliest: float, phase_ms: int = 0) -> int:
     phase = int(phase_ms) % TICK_MS
     ms = math.ceil(earliest * 1000)             # whole ms, never before `earliest`
     return ms + (phase - ms) % TICK_MS
-MAX_DURATION_MS = 600_000
-MAX_ITERATIONS = 10_000
-MAX_ROUNDUP = 1_000_000
-MAX_START_ITERATION = 10**12
 FALLBACK_MS = 500         # the time trace Kineto makes of an iteration request when nothing steps
 
 
