@@ -19,6 +19,17 @@ the rest of the process's life, every config fetched 5 s x N after the agent han
 then called refused. The kernel stamps each datagram as it is queued (SO_TIMESTAMPNS): a poll that
 waited past `answer_window_s` is not answered (the process is still kept alive, nothing is handed
 over on it); its next poll, 5 s later, is.
+
+A stall leaves one more trap, on Kineto's side. While the endpoint's queue is full, Kineto's
+`sync_send` retries ten times, sleeping 10 ms doubled each time (10.23 s in all), and reports a
+failure when its tenth retry goes through (`return i < num_retries` after the loop): that poll is
+queued, answered on time, and never read, because Kineto did not wait. Its next poll follows at once
+(its 5 s were spent in the retries) and would read that answer, its own one poll behind, for good.
+So a poll queued within `IMMEDIATE_POLL_S` of an answered one that had come after a silence of
+`SILENCE_S` or more (the same process's previous poll) is left unanswered: Kineto then reads the
+answer it missed, now. A process that polls fast (a test's stand-in) never shows the silence; a
+poll whose ninth retry went through and was read shows the same pattern, and leaving its follower
+unanswered costs that process one poll, 5 s, once per stall.
 """
 
 from __future__ import annotations
@@ -63,6 +74,10 @@ class KnownProcess:
     last_seen: float       # monotonic
     pending: str | None = None
     pending_trace_id: str | None = None
+    polls: int = 0                            # polls received, answered or not
+    polled_at: float | None = None            # when its last poll was queued (wall clock)
+    silence_before: float = 0.0               # the gap before that poll
+    answered: bool = False                    # and whether that poll was answered
 
     @property
     def leaf(self) -> int:
@@ -76,6 +91,12 @@ _TIMESPEC = struct.Struct("@qq")
 #: Kineto gives an answer about 50 ms (IpcFabricConfigClient.cpp: maxIpcRetries 5 x kSleepUs 10 ms;
 #: older builds 9 x 10 ms). Answering within 40 ms of the poll being queued leaves room to send.
 ANSWER_WINDOW_S = 0.040
+#: Kineto polls every `ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS` (whole seconds, 5 by default); a poll
+#: this soon after one that came `SILENCE_S` after its predecessor follows a sync_send that gave up
+#: after its datagram went through (its ninth retry comes 5.11 s into the call, its tenth 10.23 s):
+#: the answer to that one is still unread (module docstring).
+IMMEDIATE_POLL_S = 0.5
+SILENCE_S = 5.0
 _MAX_DATAGRAM = 1 << 16
 
 
@@ -102,9 +123,11 @@ class KinetoEndpoint:
         self._gpu_ctx: dict[tuple[int, int], set[int]] = {}
         self.answer_window_s = answer_window_s
         self._handed: tuple | None = None     # the handover of the poll being answered (see _take_back)
+        self._answering: KnownProcess | None = None   # whose poll is being answered
         # on_delivered / on_kineto calls of the datagram being answered, in order: run once it is answered
         self._after_answer: list[Callable[[], None]] = []
         self.late_unanswered = 0   # polls that waited past the window, so got no answer
+        self.unread_answers = 0    # polls left unanswered so that Kineto reads an answer it missed
         self._sock: socket.socket | None = None
         self._gc_task: asyncio.Task | None = None
         self._refused: set[str] = set()
@@ -262,14 +285,16 @@ class KinetoEndpoint:
             queued = _queued_at(anc)
             waited = time.time() - queued if queued is not None else 0.0
             late = waited > self.answer_window_s
-            self._handed = None
-            reply = self._handle(data, late=late)
+            self._handed = self._answering = None
+            reply = self._handle(data, late=late, queued=queued)
             if not late and queued is not None and time.time() - queued > self.answer_window_s:
                 # stopped (SIGSTOP) or descheduled between the age check and here: sent now, the answer
                 # would reach Kineto after it stopped waiting and be read as the *next* poll's, every
                 # later answer then a poll behind; so no answer, and a config handed over on it goes back
                 waited, late = time.time() - queued, True
                 self._take_back()
+                if self._answering is not None:      # nothing was answered after all
+                    self._answering.answered = False
             if late:
                 self.late_unanswered += 1
                 _log.info("ipc.late_poll_unanswered", peer=str(addr), waited_ms=round(waited * 1000),
@@ -298,12 +323,12 @@ class KinetoEndpoint:
         for call in calls:
             call()
 
-    def _handle(self, datagram: bytes, *, late: bool = False) -> bytes | None:
+    def _handle(self, datagram: bytes, *, late: bool = False, queued: float | None = None) -> bytes | None:
         try:
             msg_type, payload = ipcwire.unpack(datagram)
             if msg_type.startswith("req"):
                 req = ipcwire.parse_request(payload)
-                return self._on_request(req) if not late else self._on_late_request(req)
+                return self._on_request(req, queued) if not late else self._on_late_request(req, queued)
             if msg_type.startswith("ctxt"):
                 ctx = ipcwire.parse_context(payload)
                 pids = self._gpu_ctx.setdefault((ctx.job_id, ctx.gpu), set())
@@ -314,22 +339,40 @@ class KinetoEndpoint:
             _log.warning("ipc.bad_datagram", error=str(exc))
         return None
 
-    def _on_late_request(self, req: ipcwire.Request) -> None:
+    def _on_late_request(self, req: ipcwire.Request, queued: float | None = None) -> None:
         """A poll nobody waits for: keeps a known process alive, hands nothing over, and tells the
         watch nothing (its busy bit is as old as the poll)."""
         proc = self._procs.get((req.job_id, frozenset(req.pids)))
         if proc is not None:
             proc.last_seen = self._clock()
+            proc.polls += 1
+            if queued is not None:
+                proc.polled_at, proc.answered = queued, False
         return None
 
-    def _on_request(self, req: ipcwire.Request) -> bytes:
+    def _on_request(self, req: ipcwire.Request, queued: float | None = None) -> bytes | None:
         key = (req.job_id, frozenset(req.pids))
         proc = self._procs.get(key)
         if proc is None:
             proc = self._procs[key] = KnownProcess(req.job_id, tuple(req.pids), self._clock())
             _log.info("ipc.registered", job=req.job_id, pids=",".join(map(str, req.pids)))
         proc.last_seen = self._clock()
+        proc.polls += 1
         self._watch.on_poll(key, req.job_id, proc.leaf, req.wants_activities)
+        if queued is not None:
+            unread = (proc.answered and proc.silence_before >= SILENCE_S
+                      and queued - proc.polled_at < IMMEDIATE_POLL_S)
+            gap = queued - proc.polled_at if proc.polled_at is not None else 0.0
+            proc.polled_at, proc.silence_before, proc.answered = queued, gap, not unread
+            self._answering = proc
+            if unread:
+                # the last answer is still queued at Kineto, unread (module docstring): no answer to
+                # this poll, so Kineto reads that one now instead of every later one a poll behind
+                self._answering = None
+                self.unread_answers += 1
+                _log.info("ipc.unread_answer_left_to_read", job=req.job_id, pid=proc.leaf, gap_ms=round(gap * 1000, 1),
+                          why="Kineto's sync_send gave up on a poll that went through; it reads that answer now")
+                return None
         config = b""
         if req.wants_activities and proc.pending is not None:
             config = (proc.pending + "\n").encode()

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from gpulens.capture.dynolog import EndpointBusy, KinetoEndpoint, PidOutcome
+from gpulens.capture.dynolog import EndpointBusy, KinetoEndpoint, PidOutcome, ipc_server
 from gpulens.capture.dynolog.ipcwire import endpoint_address
 
 from tests.agent.conftest import KINETO_ANSWER_WAIT_S
@@ -230,8 +230,8 @@ async def test_an_answer_held_up_past_the_window_is_not_sent_and_its_config_goes
         ep.trigger(CONFIG, [100], 7, trace_id="99")
         handle = ep._handle
 
-        def held_up(datagram, *, late=False):                # stands for the stop between read and send
-            reply = handle(datagram, late=late)
+        def held_up(datagram, **kw):                         # stands for the stop between read and send
+            reply = handle(datagram, **kw)
             time.sleep(0.2)
             return reply
         ep._handle = held_up
@@ -250,3 +250,36 @@ async def test_an_answer_held_up_past_the_window_is_not_sent_and_its_config_goes
         assert [d.trace_id for d in deliveries] == ["99"] and worker.queued_answers() == 0
     finally:
         await ep.stop()
+
+
+async def test_an_answer_kineto_never_waited_for_is_what_its_next_poll_reads(sock_dir, poller_factory, monkeypatch):
+    """After a silence (a stalled endpoint whose full queue kept Kineto's sync_send retrying), Kineto's
+    tenth try goes through but is reported failed, so its answer (here: the config) is never read, and
+    Kineto polls again at once. That poll is left unanswered: Kineto reads the missed answer now, and
+    nothing stays queued to put every later answer a poll behind (tests/agent/test_stall_torch.py shows
+    it with real Kineto). The silence is scaled down from 5 s; the rule is the same."""
+    monkeypatch.setattr(ipc_server, "SILENCE_S", 0.3)
+    deliveries = []
+    ep = KinetoEndpoint(sock_dir, on_delivered=deliveries.append)
+    await ep.start()
+    try:
+        worker = poller_factory(sock_dir, 7, [100])
+        assert await worker.apoll() == ""                    # registered
+        await asyncio.sleep(0.35)                            # the silence (the input, not a wait on a condition)
+        ep.trigger(CONFIG, [100], 7, trace_id="98")
+        worker.send_poll()                                   # the tenth try: answered, never read
+        got = await asyncio.to_thread(worker.poll, 3, KINETO_ANSWER_WAIT_S)   # the poll at once after it
+        assert got is not None and "REQUEST_TRACE_ID=98" in got
+        assert worker.queued_answers() == 0 and ep.unread_answers == 1
+        assert await worker.apoll() == "" and worker.queued_answers() == 0    # answered again, once caught up
+        assert ep.unread_answers == 1 and [d.trace_id for d in deliveries] == ["98"]
+    finally:
+        await ep.stop()
+
+
+async def test_a_process_polling_fast_without_a_silence_gets_every_answer(endpoint, sock_dir, poller_factory):
+    """Fast polls alone (a stand-in polling every 100 ms, or Kineto's poll after an answer it read)
+    are no sign of an unread answer: each is answered."""
+    worker = poller_factory(sock_dir, 7, [100])
+    got = [await worker.apoll() for _ in range(5)]
+    assert got == [""] * 5 and worker.queued_answers() == 0 and endpoint.unread_answers == 0

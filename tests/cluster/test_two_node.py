@@ -308,7 +308,7 @@ def _targets(status: dict) -> str:
 def _kineto_said(api, ns: str, pods: dict) -> str:
     """What each trainer pod's Kineto logged about on-demand requests (a refusal's cause is there)."""
     words = ("on-demand", "Received config from dyno", "Not starting", "Tracing started", "Tracing complete",
-             "Failed to parse", "Ignored request", "could not start", "ipc fabric")
+             "Failed to parse", "Ignored request", "could not start", "ipc fabric", "sync_send fail")
     out = []
     for node, p in sorted(pods.items()):
         lines = [ln for ln in pod_log(api, ns, p.metadata.name, "trainer").splitlines() if any(w in ln for w in words)]
