@@ -25,7 +25,7 @@ A stall leaves one more trap, on Kineto's side. While the endpoint's queue is fu
 failure when its tenth retry goes through (`return i < num_retries` after the loop): that poll is
 queued, answered on time, and never read, because Kineto did not wait. Its next poll follows at once
 (its 5 s were spent in the retries) and would read that answer, its own one poll behind, for good.
-So a poll queued within `IMMEDIATE_POLL_S` of an answered one that had come after a silence of
+So a poll queued within `IMMEDIATE_POLL_S` (2 s) of an answered one that had come after a silence of
 `SILENCE_S` or more (the same process's previous poll) is left unanswered: Kineto then reads the
 answer it missed, now. A process that polls fast (a test's stand-in) never shows the silence; a
 poll whose ninth retry went through and was read shows the same pattern, and leaving its follower
@@ -94,9 +94,13 @@ ANSWER_WINDOW_S = 0.040
 #: Kineto polls every `ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS` (whole seconds, 5 by default); a poll
 #: this soon after one that came `SILENCE_S` after its predecessor follows a sync_send that gave up
 #: after its datagram went through (its ninth retry comes 5.11 s into the call, its tenth 10.23 s):
-#: the answer to that one is still unread (module docstring).
-IMMEDIATE_POLL_S = 0.5
+#: the answer to that one is still unread (module docstring). The follower comes within
+#: milliseconds, unless the trainer is descheduled while it logs the failure; a poll whose eighth
+#: retry went through (2.55 s into the call, answer read) is followed 2.45 s later, so 2 s tells them apart.
+IMMEDIATE_POLL_S = 2.0
 SILENCE_S = 5.0
+#: after a late poll, every poll's fate is logged for this long (`ipc.poll_after_stall`)
+AFTER_STALL_LOG_S = 30.0
 _MAX_DATAGRAM = 1 << 16
 
 
@@ -128,6 +132,7 @@ class KinetoEndpoint:
         self._after_answer: list[Callable[[], None]] = []
         self.late_unanswered = 0   # polls that waited past the window, so got no answer
         self.unread_answers = 0    # polls left unanswered so that Kineto reads an answer it missed
+        self._after_stall_until = 0.0   # polls queued before this (wall clock) are logged one by one
         self._sock: socket.socket | None = None
         self._gc_task: asyncio.Task | None = None
         self._refused: set[str] = set()
@@ -252,7 +257,13 @@ class KinetoEndpoint:
         return list(self._procs.values())
 
     def collect_garbage(self) -> int:
-        """Forget processes silent for longer than keepalive_s (dynolog: 60 s); returns how many."""
+        """Forget processes silent for longer than keepalive_s (dynolog: 60 s); returns how many.
+        Polls still queued are read first: after a stall of the agent (SIGSTOP, starvation) this may
+        run before the socket's reader, and processes whose polls waited in the queue are not
+        silent; forgotten, they would lose what the catch-up rule (module docstring) needs: the
+        silence before their next poll (seen in the two-node test: both ranks then read every answer
+        a poll late)."""
+        self._readable()
         cutoff = self._clock() - self.keepalive_s
         stale = [k for k, p in self._procs.items() if p.last_seen < cutoff]
         for key in stale:
@@ -297,6 +308,7 @@ class KinetoEndpoint:
                     self._answering.answered = False
             if late:
                 self.late_unanswered += 1
+                self._after_stall_until = time.time() + AFTER_STALL_LOG_S
                 _log.info("ipc.late_poll_unanswered", peer=str(addr), waited_ms=round(waited * 1000),
                           why="Kineto stopped waiting; a late answer would leave every later one a poll behind")
             elif reply is not None and addr:
@@ -304,6 +316,10 @@ class KinetoEndpoint:
                     self._sock.sendto(reply, addr)
                 except OSError as exc:  # the client vanished between its send and our answer
                     _log.debug("ipc.reply_failed", peer=str(addr), error=str(exc))
+            if not late and queued is not None and queued < self._after_stall_until:
+                # each poll's fate for a while after a stall: what a late reading by Kineto is traced by
+                _log.info("ipc.poll_after_stall", peer=str(addr), queued=round(queued, 3), waited_ms=round(waited * 1000, 1),
+                          answered=reply is not None, config=bool(reply) and len(reply) > ipcwire.HEADER.size)
             self._report()     # only now: Kineto's answer must not wait for the agent's bookkeeping
 
     def handle(self, datagram: bytes, *, late: bool = False) -> bytes | None:

@@ -283,3 +283,25 @@ async def test_a_process_polling_fast_without_a_silence_gets_every_answer(endpoi
     worker = poller_factory(sock_dir, 7, [100])
     got = [await worker.apoll() for _ in range(5)]
     assert got == [""] * 5 and worker.queued_answers() == 0 and endpoint.unread_answers == 0
+
+
+async def test_processes_whose_polls_wait_in_the_queue_are_not_forgotten_and_still_caught_up(sock_dir, poller_factory, monkeypatch):
+    """After a stall the garbage collector may run before the socket's reader (seen in the two-node
+    test: `ipc.forgot_processes` at the instant the agent resumed, then the queued polls). It reads
+    the queue first, so a process whose polls waited there is kept, with the silence before its next
+    poll, and the catch-up rule still applies: nothing stays queued at Kineto."""
+    monkeypatch.setattr(ipc_server, "SILENCE_S", 0.3)
+    ep = KinetoEndpoint(sock_dir, keepalive_s=0.3, gc_interval_s=3600)
+    await ep.start()
+    try:
+        worker = poller_factory(sock_dir, 7, [100])
+        assert await worker.apoll() == ""                    # registered
+        worker.send_poll()                                   # queued while the endpoint is stalled:
+        time.sleep(0.5)                                      # this blocks the loop it reads on
+        assert ep.collect_garbage() == 0 and [p.leaf for p in ep.processes()] == [100]
+        assert ep.late_unanswered == 1
+        worker.send_poll()                                   # the tenth try: answered, never read
+        got = await asyncio.to_thread(worker.poll, 3, KINETO_ANSWER_WAIT_S)
+        assert got == "" and worker.queued_answers() == 0 and ep.unread_answers == 1
+    finally:
+        await ep.stop()

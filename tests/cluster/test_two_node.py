@@ -313,6 +313,10 @@ def _kineto_said(api, ns: str, pods: dict) -> str:
     for node, p in sorted(pods.items()):
         lines = [ln for ln in pod_log(api, ns, p.metadata.name, "trainer").splitlines() if any(w in ln for w in words)]
         out.append(f"\n--- {node} {p.metadata.name}: Kineto's last on-demand lines\n" + "\n".join(lines[-40:]))
+        agent = _node_pod(api, node)
+        said = [ln for ln in pod_log(api, agent.metadata.namespace, agent.metadata.name, "agent").splitlines()
+                if "ipc." in ln or "kineto." in ln]
+        out.append(f"\n--- {node} agent {agent.metadata.name}: its endpoint's last lines\n" + "\n".join(said[-60:]))
     return "".join(out)
 
 
