@@ -21,6 +21,7 @@ from pathlib import Path
 from gpulens.hooks.site import _gpulens_flight as _format
 
 from ..schemas import SchemaError, validate
+from .unavailable import Unavailable
 
 __all__ = ["FlightUnavailable", "request_flight_dump", "read_flight_dump", "dump_path", "MAX_DUMP_BYTES"]
 
@@ -32,12 +33,8 @@ MAX_DUMP_BYTES = 256 * 1024 * 1024
 NO_SOCKET, NO_ANSWER, REFUSED, NOT_TAKEN, UNREADABLE = "no_socket", "no_answer", "refused", "not_taken", "unreadable"
 
 
-class FlightUnavailable(Exception):
-    """No dump from this rank; `reason` is one of the names above, `detail` what was seen."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason, self.detail = reason, detail
-        super().__init__(f"{reason}: {detail}")
+class FlightUnavailable(Unavailable):
+    """No dump from this rank; `reason` is one of the names above."""
 
 
 def dump_path(trace_dir: str | os.PathLike, capture_id: str, target_id: str) -> Path:

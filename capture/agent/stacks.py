@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..schemas import SchemaError, validate
+from .unavailable import Unavailable
 
 __all__ = ["StackReader", "StacksUnavailable", "find_py_spy", "read_stacks"]
 
@@ -37,12 +38,8 @@ TOOL_MISSING, PROCESS_GONE, NOT_PYTHON, NOT_PERMITTED, TIMED_OUT, UNREADABLE = (
     "tool_missing", "process_gone", "not_python", "not_permitted", "timed_out", "unreadable")
 
 
-class StacksUnavailable(Exception):
-    """No stacks for this process; `reason` is one of the names above, `detail` says what was seen."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason, self.detail = reason, detail
-        super().__init__(f"{reason}: {detail}")
+class StacksUnavailable(Unavailable):
+    """No stacks for this process; `reason` is one of the names above."""
 
 
 def find_py_spy() -> str | None:
