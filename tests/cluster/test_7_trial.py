@@ -18,7 +18,7 @@ import pytest
 from .conftest import REUSE, own_pythonpath_image
 from .harness import NS, RELEASE, REPO, STATE, wait_until
 from .readme_install import TRIAL_MARKS, Install
-from .workload import JOB, call, start_trainer
+from .workload import JOB, call, start_trainer, torch_site
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -157,3 +157,119 @@ def test_a_deleted_capture_coordinator_comes_back_with_its_pod_and_service(train
     with capsys.disabled():
         print(f"\n[readiness] CaptureCoordinator deleted -> back {t_cc:.1f} s, its Pod Ready and Service handed over "
               f"{time.monotonic() - t0:.1f} s")
+
+
+#: Someone else's training script, as PyTorch's DDP tutorial writes one: DistributedDataParallel, a
+#: DataLoader over a DistributedSampler, AdamW, a print per epoch; no profiler.step(), no marker, no
+#: gpulens. ~15 optimizer steps a second (the demo's trainer steps at another rate).
+STRANGERS_SCRIPT = """\
+import os, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 10, (4096,)))
+sampler = DistributedSampler(data)
+loader = DataLoader(data, batch_size=32, sampler=sampler)
+print(f"rank {rank} of {world} training", flush=True)
+epoch = 0
+while True:
+    sampler.set_epoch(epoch)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(0.05)
+    if rank == 0:
+        print(f"epoch {epoch} loss {loss.item():.3f}", flush=True)
+    epoch += 1
+"""
+STRANGER = "ddp-user"
+#: issue 47's sequence: a 2 s window, 5 iterations, then a 1 s window and 3 iterations, three times
+SEQUENCE = [("window", 2000), ("iterations", 5)] + [("window", 1000), ("iterations", 3)] * 3
+
+
+def _strangers_job(image: str) -> dict:
+    site = torch_site()     # torch from this machine's venv, on the image's own PYTHONPATH (own_pythonpath_image)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": STRANGER},
+            "spec": {"backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                "containers": [{
+                    "name": "train", "image": image, "imagePullPolicy": "Never",
+                    "command": ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "/workspace/train.py"],
+                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
+                    "securityContext": {"runAsUser": 0},      # the hook registers into a root-owned host folder
+                    "resources": {"requests": {"cpu": "250m"}},
+                    "volumeMounts": [{"name": "script", "mountPath": "/workspace", "readOnly": True},
+                                     {"name": "site", "mountPath": site, "readOnly": True}]}],
+                "volumes": [{"name": "script", "configMap": {"name": STRANGER}},
+                            {"name": "site", "hostPath": {"path": site, "type": "Directory"}}]}}}}
+
+
+@pytest.fixture(scope="module")
+def strangers_job(trial, trainer, api, gpulens_image):
+    """The stranger's Job in the README's armed namespace, training; the demo trainer's Job goes
+    first (the node has two cores), as a team replacing its job would do."""
+    from kubernetes import client
+    ns, _ = trainer
+    batch = client.BatchV1Api(api.api_client)
+    batch.delete_namespaced_job(JOB, ns, propagation_policy="Background")
+    api.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name=STRANGER),
+                                                            data={"train.py": STRANGERS_SCRIPT}))
+    batch.create_namespaced_job(ns, _strangers_job(own_pythonpath_image(gpulens_image)))
+
+    def training():
+        pods = api.list_namespaced_pod(ns, label_selector=f"job-name={STRANGER}").items
+        if not pods or pods[0].status.phase != "Running":
+            assert not pods or pods[0].status.phase not in ("Failed", "Succeeded"), pods[0].status
+            return None
+        log = api.read_namespaced_pod_log(pods[0].metadata.name, ns, container="train")
+        return log.count(" of 2 training") == 2 and pods[0]
+    pod = wait_until(f"both ranks of {STRANGER} training", training, 300, 1)
+    yield ns, pod
+    batch.delete_namespaced_job(STRANGER, ns, propagation_policy="Background")
+    api.delete_namespaced_config_map(STRANGER, ns)
+
+
+def test_a_strangers_ddp_job_gets_eight_captures_in_a_row_each_whole_and_aligned(trial, strangers_job, api, capsys):
+    """Issue 47's sequence on a Job the tests did not write, with the README's release and values:
+    every capture converges with both ranks archived; each iteration capture traces the same
+    optimizer steps on both ranks, as many as asked; each window starts on both ranks within one
+    Kineto poll of the instant the coordinator chose, and the two windows overlap."""
+    ns, pod = strangers_job
+    assert (pod.metadata.annotations or {}).get("gpulens.dev/local-world-size") == "2"    # armed, as torchrun says
+    base, token = _gateway(api, trial.helm.args["namespace"])
+    seen = []
+    for kind, amount in SEQUENCE:
+        body = {"job_id": STRANGER, "duration_ms": amount} if kind == "window" else \
+            {"job_id": STRANGER, "iterations": amount, "duration_ms": 30000}
+        started = wait_until(f"{kind} capture accepted", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
+            call(f"{base}/v1/captures?namespace={ns}", token, body)), 300, 2)
+        cid = started["capture_id"]
+        done = wait_until(f"capture {cid} converged", lambda: (lambda st: st.get("phase") in ("converged", "failed") and st)(
+            call(f"{base}/v1/captures/{cid}", token)[1]), 300, 1)
+        targets = [(t["rank"], t["state"], t.get("reason"), (t.get("detail") or "")[:400]) for t in done.get("targets") or []]
+        seen.append((kind, amount, done.get("phase"), done.get("counts")))
+        assert done["phase"] == "converged" and done["fully_succeeded"] and done["counts"] == {"archived": 2}, (seen, targets)
+        manifest = json.loads(Path(done["manifest_uri"].removeprefix("file://")).read_text())
+        arts = sorted(manifest["artifacts"], key=lambda a: a["rank"])
+        assert [a["rank"] for a in arts] == [0, 1] and manifest["failures"] == [], (seen, manifest["failures"])
+        if kind == "iterations":
+            spans = {(a["iterations"]["first"], a["iterations"]["last"]) for a in arts}
+            assert len(spans) == 1 and None not in next(iter(spans)), (seen, [a["iterations"] for a in arts])
+            assert {a["iterations"]["optimizer_steps"] for a in arts} == {amount}, (seen, [a["iterations"] for a in arts])
+            said = f"steps {next(iter(spans))} on both ranks"
+        else:
+            windows = [a["window"] for a in arts]
+            assert all(0 <= w["start_skew_s"] <= 5.0 for w in windows), (seen, windows)
+            assert max(w["start"] for w in windows) < min(w["end"] for w in windows), (seen, windows)
+            said = f"start skew {[w['start_skew_s'] for w in windows]} s"
+        with capsys.disabled():
+            print(f"\n[stranger] {kind} {amount}: {cid} archived on both ranks, {said}")
