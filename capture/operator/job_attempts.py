@@ -11,6 +11,12 @@ The count is the larger of the Job's `status.failed` (plus failures not yet fold
 of Kubernetes 1.20 (the cluster tests') creates the replacement in the same sync that counts the
 failure and writes the status only afterwards, so at admission only the failed pod itself shows
 it; a controller that writes the count first, or pods deleted since, show in the status.
+
+A Job of a fixed-size world (`completions` == `parallelism` = N > 1: a multi-node torchrun, one
+pod per node) restarts whole: one pod lost (its node gone, its process killed) breaks the others'
+collectives, every pod fails and each is replaced, N replacements for one restart. Numbered one
+failure each, the replacements of one restart would be attempts 1 and 2, each with a coordinator
+of its own over half a world; so such a Job's attempt counts its failures N at a time (rounded up).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from ..wire import labels as L
 from .jobs import OwnerRef, job_of_pod
 from .kube import KubeApi
 
-__all__ = ["batch_job_of_pod", "failures_of", "JobAttempts"]
+__all__ = ["batch_job_of_pod", "failures_of", "pods_per_attempt", "JobAttempts"]
 
 
 def batch_job_of_pod(pod: Mapping[str, Any]) -> OwnerRef | None:
@@ -43,6 +49,13 @@ def batch_job_of_pod(pod: Mapping[str, Any]) -> OwnerRef | None:
 
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def pods_per_attempt(job: Mapping[str, Any]) -> int:
+    """N for a Job of a fixed-size world (completions == parallelism = N > 1), else 1 (module docstring)."""
+    spec = job.get("spec") or {}
+    n = _count(spec.get("parallelism"))
+    return n if n > 1 and _count(spec.get("completions")) == n else 1
 
 
 def failures_of(job: Mapping[str, Any], failed_pods: int) -> int:
@@ -79,4 +92,4 @@ class JobAttempts:
                                   timeout_s=self.timeout_s)
         failed = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed"
                      and any(r.get("uid") == owner.uid for r in (p.get("metadata") or {}).get("ownerReferences") or []))
-        return failures_of(job, failed)
+        return -(-failures_of(job, failed) // pods_per_attempt(job))     # rounded up

@@ -69,10 +69,10 @@ class Cluster:
                                                                     "metadata": {"name": name}, "data": data},
                                                         _preload_content=False))
 
-    def job(self, namespace: str, name: str) -> dict:
+    def job(self, namespace: str, name: str, **spec: Any) -> dict:
         return _data(self.batch.create_namespaced_job(namespace, {"apiVersion": "batch/v1", "kind": "Job",
                                                                   "metadata": {"name": name},
-                                                                  "spec": {"template": {"spec": {"containers": []}}}},
+                                                                  "spec": {"template": {"spec": {"containers": []}}, **spec}},
                                                       _preload_content=False))
 
     def pod(self, namespace: str, name: str, *, job: dict | None = None, attempt: int | None = None,

@@ -14,7 +14,7 @@ import pytest
 
 from gpulens.capture.wire import labels as L
 from gpulens.capture.operator.config import ArmingConfig
-from gpulens.capture.operator.job_attempts import JobAttempts, batch_job_of_pod, failures_of
+from gpulens.capture.operator.job_attempts import JobAttempts, batch_job_of_pod, failures_of, pods_per_attempt
 from gpulens.capture.operator.kube import KubeApi, KubeError
 from gpulens.capture.operator.webhook import attempt_for, review_response
 
@@ -48,6 +48,29 @@ def test_the_first_pod_is_attempt_0_and_each_failed_pod_bumps_the_next(cluster, 
     assert attempts.attempt_of(_job_pod_of(job), "ml") == 1
     cluster.pod("ml", "llama-d", job=job, phase="Failed")
     assert attempts.attempt_of(_job_pod_of(job), "ml") == 2
+
+
+def test_a_multi_node_jobs_replacements_of_one_restart_share_their_attempt(cluster, attempts):
+    """A two-node world (completions == parallelism == 2, as tests/cluster/workload.py's multi-node
+    trainer) restarts whole: a node lost fails both pods, and both replacements are attempt 1, one
+    coordinator over the whole world, not attempts 1 and 2 over a half each. Its next restart: 2."""
+    job = cluster.job("ml", "llama", parallelism=2, completions=2)
+    assert attempts.attempt_of(_job_pod_of(job), "ml") == 0
+    cluster.pod("ml", "llama-a", job=job, phase="Failed")              # node 2's pod, lost with its node
+    assert attempts.attempt_of(_job_pod_of(job), "ml") == 1
+    cluster.pod("ml", "llama-b", job=job, phase="Failed")              # node 1's, its collective broken
+    assert attempts.attempt_of(_job_pod_of(job), "ml") == 1
+    cluster.pod("ml", "llama-c", job=job, phase="Failed")
+    assert attempts.attempt_of(_job_pod_of(job), "ml") == 2
+
+
+@pytest.mark.parametrize("spec, want", [
+    ({}, 1), ({"parallelism": 1, "completions": 1}, 1), ({"parallelism": 4, "completions": 4}, 4),
+    ({"parallelism": 4}, 1), ({"parallelism": 4, "completions": 100}, 1), ({"parallelism": 2, "completions": 4}, 1),
+    ({"parallelism": "4", "completions": "4"}, 1), ({"parallelism": True, "completions": True}, 1)])
+def test_only_a_fixed_size_world_counts_its_failures_several_at_a_time(spec, want):
+    """A work queue (completions unset or larger) or a malformed spec keeps one pod per attempt."""
+    assert pods_per_attempt({"spec": spec}) == want
 
 
 def test_failed_pods_of_another_job_of_the_same_name_do_not_count(cluster, attempts):
