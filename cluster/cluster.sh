@@ -264,6 +264,12 @@ state = "$nrun/containerd/state"
   address = ""
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_REF"
+  # pod sandboxes' netns files in containerd's own state folder, not the machine's /run/netns: the
+  # first `ip netns add` of anyone else (another test's network-namespace nodes, run beside the
+  # cluster) bind-mounts /run/netns onto itself and hides mounts made there before it, which then
+  # nothing can unmount and `down` fails (rm: Device or resource busy). Under the state folder,
+  # down's unmount of everything there takes them.
+  netns_mounts_under_state_dir = true
   restrict_oom_score_adj = true
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".containerd]
