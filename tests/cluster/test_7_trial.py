@@ -246,13 +246,14 @@ def test_a_strangers_ddp_job_gets_eight_captures_in_a_row_each_whole_and_aligned
     ns, pod = strangers_job
     assert (pod.metadata.annotations or {}).get("gpulens.dev/local-world-size") == "2"    # armed, as torchrun says
     base, token = _gateway(api, trial.helm.args["namespace"])
-    seen = []
+    seen, cids = [], []
     for kind, amount in SEQUENCE:
         body = {"job_id": STRANGER, "duration_ms": amount} if kind == "window" else \
             {"job_id": STRANGER, "iterations": amount, "duration_ms": 30000}
         started = wait_until(f"{kind} capture accepted", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
             call(f"{base}/v1/captures?namespace={ns}", token, body)), 300, 2)
         cid = started["capture_id"]
+        cids.append(cid)
         done = wait_until(f"capture {cid} converged", lambda: (lambda st: st.get("phase") in ("converged", "failed") and st)(
             call(f"{base}/v1/captures/{cid}", token)[1]), 300, 1)
         targets = [(t["rank"], t["state"], t.get("reason"), (t.get("detail") or "")[:400]) for t in done.get("targets") or []]
@@ -273,3 +274,9 @@ def test_a_strangers_ddp_job_gets_eight_captures_in_a_row_each_whole_and_aligned
             said = f"start skew {[w['start_skew_s'] for w in windows]} s"
         with capsys.disabled():
             print(f"\n[stranger] {kind} {amount}: {cid} archived on both ranks, {said}")
+    # each capture's analysis Job (the release's `analysis: job`, 500m CPU requested each) ran to its
+    # report: and none is left running or pending on the two-core node for the modules after this one
+    for cid in cids:
+        st = wait_until(f"capture {cid}'s analysis over", lambda: (lambda s: s.get("analysis", {}).get("state") in (
+            "done", "failed", "skipped", "disabled") and s)(call(f"{base}/v1/captures/{cid}", token)[1]), 900, 2)
+        assert st["analysis"]["state"] == "done" and st["analysis"].get("exit_code") == 0, (cid, st["analysis"])
