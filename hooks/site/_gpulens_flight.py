@@ -167,18 +167,21 @@ class FlightListener:
                 pass
 
     def answer(self, conn) -> dict:
-        try:
-            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        except OSError:
-            return {"ok": False, "reason": "refused: the caller's credentials could not be read"}
-        if uid not in (0, os.getuid()):
-            return {"ok": False, "reason": f"refused: uid {uid} may not ask (only root or uid {os.getuid()})"}
+        # the request is read (bounded) before anything is answered, a refusal too: answered and
+        # closed before the caller has sent, the caller's send would fail (EPIPE) and it would never
+        # read why it was refused
         data = b""
         while not data.endswith(b"\n") and len(data) <= _MAX_REQUEST:
             chunk = conn.recv(_MAX_REQUEST)
             if not chunk:
                 break
             data += chunk
+        try:
+            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except OSError:
+            return {"ok": False, "reason": "refused: the caller's credentials could not be read"}
+        if uid not in (0, os.getuid()):
+            return {"ok": False, "reason": f"refused: uid {uid} may not ask (only root or uid {os.getuid()})"}
         try:
             req = json.loads(data) if len(data) <= _MAX_REQUEST else None
         except ValueError:

@@ -87,9 +87,12 @@ def test_a_client_that_connects_and_says_nothing_does_not_stop_the_listener(list
 def test_another_user_is_kept_out_by_the_socket_and_by_its_credentials(listening):
     listener, traces = listening
     # the machine's own python3 (the venv's interpreter lies under root's home): a bare client
-    client = ("import json, socket, sys\n"
+    # it sends a moment after connecting (as a client on a busy node may): the refusal must still
+    # reach it, not a closed socket (CI, 2026-12-07: its send failed and it read nothing)
+    client = ("import json, socket, sys, time\n"
               "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
               "try:\n  s.connect(%r)\nexcept OSError as e:\n  print('no_socket', e); sys.exit()\n"
+              "time.sleep(0.3)\n"
               "s.sendall(b'{\"op\": \"flight_dump\", \"capture_id\": \"c-4\", \"target_id\": \"r0\"}\\n')\n"
               "print('answer', s.makefile('rb').readline().decode())\n" % listener.path)
     as_nobody = dict(capture_output=True, text=True, timeout=60, check=False, user=65534, group=65534, env={}, cwd="/")
@@ -98,6 +101,7 @@ def test_another_user_is_kept_out_by_the_socket_and_by_its_credentials(listening
     assert out.stdout.startswith("no_socket") and "Permission denied" in out.stdout, (out.stdout, out.stderr[-2000:])
     os.chmod(listener.path, 0o666)       # past the file's mode, the listener's own check still refuses
     out = subprocess.run(["/usr/bin/python3", "-c", client], **as_nobody)
+    assert out.stdout.startswith("answer "), (out.stdout, out.stderr[-2000:])
     answer = json.loads(out.stdout.removeprefix("answer "))
     assert answer["ok"] is False and "refused: uid 65534 may not ask" in answer["reason"], (out.stdout, out.stderr[-2000:])
     assert not traces.exists()
