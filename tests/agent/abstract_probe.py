@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpulens.capture.dynolog import KinetoEndpoint, PidOutcome, TraceConfig, build_config, kineto_trace_path  # noqa: E402
+from tests.agent.probe_trainer import start_trainer, stop_trainer  # noqa: E402
 
 JOB = 77
 
@@ -28,11 +27,8 @@ async def main(out: Path) -> dict:
     delivered = []
     ep = KinetoEndpoint(None, on_delivered=delivered.append)  # abstract @dynolog\0
     await ep.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_", "PYTHONPATH"))}
-    env.update(KINETO_USE_DAEMON="1", SLURM_JOB_ID=str(JOB), OMP_NUM_THREADS="1")
     stop = out / "stop"
-    trainer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trainer.py")), str(stop), "120"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trainer = start_trainer(JOB, stop, 120)
     result: dict = {"address": ep.describe()}
     try:
         end = time.time() + 60
@@ -51,11 +47,7 @@ async def main(out: Path) -> dict:
         result.update(file=str(final), trace_id=doc.get("trace_id"), delivered=[d.pid for d in delivered],
                       pid=trainer.pid, cats=sorted({e.get("cat") for e in doc["traceEvents"] if e.get("cat")}))
     finally:
-        stop.touch()
-        try:
-            trainer.wait(20)
-        except subprocess.TimeoutExpired:
-            trainer.kill()
+        stop_trainer(trainer, stop)
         await ep.stop()
     return result
 

@@ -21,28 +21,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gpulens.capture.dynolog import KinetoEndpoint, TraceConfig, build_config, ipc_server, tick_aligned_start_ms
+from gpulens.capture.dynolog import KinetoEndpoint, TraceConfig, build_config, ipc_server, tick_aligned_start_ms  # noqa: E402
+from tests.agent.probe_trainer import start_trainer, stop_trainer  # noqa: E402
 
 JOB = 79
 POLL_S = 5.0                       # Kineto's on-demand poll interval (default)
 INTO_RETRIES_S = 7.6               # the stall ends this far into the retries: after the ninth (5.11 s), before the tenth (10.23 s)
 SEND_FAILED = "IPC sync_send fail"
 RECEIVED = "Received config from dyno"
-
-
-def _read(stream, lines: list) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.append((time.time(), raw.decode(errors="replace").rstrip()))
 
 
 async def _until(what: str, check, timeout: float, lines: list):
@@ -59,13 +52,9 @@ async def main(out: Path, catch_up: bool) -> dict:
     deliveries = []
     ep = KinetoEndpoint(None, on_delivered=deliveries.append)
     await ep.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_", "PYTHONPATH"))}
-    env.update(KINETO_USE_DAEMON="1", SLURM_JOB_ID=str(JOB), OMP_NUM_THREADS="1", KINETO_LOG_LEVEL="0")
     stop = out / "stop"
-    trainer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trainer.py")), str(stop), "120"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     lines: list = []
-    threading.Thread(target=_read, args=(trainer.stderr, lines), daemon=True).start()
+    trainer = start_trainer(JOB, stop, 120, kineto_lines=lines)
 
     def proc():
         return next((p for p in ep.processes() if p.job_id == JOB and p.leaf == trainer.pid), None)
@@ -102,11 +91,7 @@ async def main(out: Path, catch_up: bool) -> dict:
         return {"queue_filled_with": queued, "send_failed_logged": True, "late_unanswered": ep.late_unanswered,
                 "unread_answers": ep.unread_answers, "gap_s": round(received[0] - delivery[0].at, 3)}
     finally:
-        stop.touch()
-        try:
-            trainer.wait(20)
-        except subprocess.TimeoutExpired:
-            trainer.kill()
+        stop_trainer(trainer, stop)
         await ep.stop()
 
 

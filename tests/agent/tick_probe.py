@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,27 +31,19 @@ from gpulens.capture.dynolog import (
     kineto_trace_path,
     tick_aligned_start_ms,
 )
+from tests.agent.probe_trainer import start_trainer, stop_trainer  # noqa: E402
 
 JOB = 78
 WARMUP_S = 5.0             # Kineto's ACTIVITIES_WARMUP_PERIOD_SECS default
 ACTIVATED = "Received on-demand activity trace request"
 
 
-def _read(stream, lines: list) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.append((time.time(), raw.decode(errors="replace").rstrip()))
-
-
 async def main(out: Path) -> dict:
     ep = KinetoEndpoint(None)
     await ep.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULENS_", "KINETO_", "SLURM_", "PYTHONPATH"))}
-    env.update(KINETO_USE_DAEMON="1", SLURM_JOB_ID=str(JOB), OMP_NUM_THREADS="1", KINETO_LOG_LEVEL="0")
     stop = out / "stop"
-    trainer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trainer.py")), str(stop), "150"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     lines: list = []
-    threading.Thread(target=_read, args=(trainer.stderr, lines), daemon=True).start()
+    trainer = start_trainer(JOB, stop, 150, kineto_lines=lines)
     rooms, files = [], []
     try:
         end = time.time() + 60
@@ -80,11 +69,7 @@ async def main(out: Path) -> dict:
             rooms.append(round(start_ms / 1000 - WARMUP_S - at, 3))
             files.append(final.stat().st_size > 0)
     finally:
-        stop.touch()
-        try:
-            trainer.wait(20)
-        except subprocess.TimeoutExpired:
-            trainer.kill()
+        stop_trainer(trainer, stop)
         await ep.stop()
     return {"rooms": rooms, "traced": files}
 
