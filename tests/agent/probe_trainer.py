@@ -1,12 +1,17 @@
-"""The plain trainer the Kineto probes run (abstract_probe, tick_probe, stall_probe): trainer.py
-armed for the daemon (KINETO_USE_DAEMON, the job id in SLURM_JOB_ID, nothing of the caller's
-gpulens or Kineto settings), and stopped through its stop file, killed if it does not stop."""
+"""The Kineto probes (abstract_probe, tick_probe, stall_probe): run by a test in a private network
+namespace (`run_probe`: abstract sockets are per namespace, so no other `@dynolog` on the machine is
+met), each with the plain trainer.py armed for the daemon (KINETO_USE_DAEMON, the job id in
+SLURM_JOB_ID, nothing of the caller's gpulens or Kineto settings), stopped through its stop file and
+killed if it does not stop."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,3 +45,16 @@ def stop_trainer(trainer: subprocess.Popen, stop: Path) -> None:
     except subprocess.TimeoutExpired:
         trainer.kill()
         trainer.wait()
+
+
+def run_probe(name: str, timeout: float) -> dict:
+    """Run probe `name` (a file beside this one) under `unshare --net` with a fresh output folder
+    (under /var/tmp: /tmp is Kineto's default trace folder); returns the JSON line it prints last."""
+    out = Path(tempfile.mkdtemp(prefix="gl-probe-", dir="/var/tmp"))
+    try:
+        run = subprocess.run(["unshare", "--net", sys.executable, str(Path(__file__).with_name(name)), str(out)],
+                             capture_output=True, text=True, timeout=timeout, check=False)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

@@ -88,7 +88,8 @@ async def main(out: Path, catch_up: bool) -> dict:
         delivery = await _until("the config was never fetched", lambda: deliveries[:1], 3 * POLL_S, lines)
         received = await _until("Kineto never logged the config's arrival",
                                 lambda: [at for at, t in lines if at > triggered and RECEIVED in t][:1], 3 * POLL_S, lines)
-        return {"queue_filled_with": queued, "send_failed_logged": True, "late_unanswered": ep.late_unanswered,
+        failed = sum(1 for at, t in lines if at > stalled_until and SEND_FAILED in t)
+        return {"queue_filled_with": queued, "send_failed_lines": failed, "late_unanswered": ep.late_unanswered,
                 "unread_answers": ep.unread_answers, "gap_s": round(received[0] - delivery[0].at, 3)}
     finally:
         stop_trainer(trainer, stop)

@@ -10,29 +10,17 @@ warm-up (the two-node hung-agent test, after node 2's agent resumed). The probe'
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
+
+from tests.agent.probe_trainer import run_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def test_a_config_after_a_stall_reaches_kineto_at_the_poll_that_fetched_it():
-    out = Path(tempfile.mkdtemp(prefix="gl-stall-", dir="/var/tmp"))  # not /tmp: Kineto's default
-    try:
-        run = subprocess.run(["unshare", "--net", sys.executable, str(Path(__file__).with_name("stall_probe.py")), str(out)],
-                             capture_output=True, text=True, timeout=150, check=False)
-        assert run.returncode == 0, run.stderr[-3000:]
-        result = json.loads(run.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    result = run_probe("stall_probe.py", 150)
     # the stall was the one that traps Kineto: its tenth try went through while it reported failure,
     # and the endpoint left the poll right after it unanswered, once
-    assert result["send_failed_logged"] and result["unread_answers"] == 1, result
+    assert result["send_failed_lines"] >= 1 and result["unread_answers"] == 1, result
     # so the config handed over after the stall reached Kineto at that poll, not the next one 5 s later
     assert result["gap_s"] < 1.0, result

@@ -10,27 +10,15 @@ off it, half a tick. Without the grid (a tick anywhere), each room would be anyw
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
+
+from tests.agent.probe_trainer import run_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def test_a_start_on_the_last_starts_phase_gets_a_whole_tick_of_room():
-    out = Path(tempfile.mkdtemp(prefix="gl-tick-", dir="/var/tmp"))  # not /tmp: Kineto's default
-    try:
-        run = subprocess.run(["unshare", "--net", sys.executable, str(Path(__file__).with_name("tick_probe.py")), str(out)],
-                             capture_output=True, text=True, timeout=200, check=False)
-        assert run.returncode == 0, run.stderr[-3000:]
-        result = json.loads(run.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    result = run_probe("tick_probe.py", 200)
     first, after_whole, after_half, half_off = result["rooms"]
     assert result["traced"] == [True, True, True, True], result
     assert 0 <= first <= 1.0, result                   # the first config: the grid's phase is its fetch's

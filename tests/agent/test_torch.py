@@ -28,6 +28,7 @@ from gpulens.capture.agent.runtime import AgentOptions, start_agent
 from gpulens.capture.archive import RetryPolicy
 from gpulens.hooks import hook_path
 from tests.conftest import free_port, is_root
+from tests.agent.probe_trainer import run_probe
 from tests.doubles.dynolog_double import DynologDouble
 from tests.conftest import requires
 
@@ -354,14 +355,7 @@ async def test_two_pid_namespaces_with_the_same_pid_only_the_requested_one_is_tr
 def test_builtin_endpoint_on_the_abstract_socket_with_real_kineto(tmp_path):
     """Without KINETO_IPC_SOCKET_DIR Kineto polls the abstract `@dynolog\\0` (trailing NUL). In a
     private network namespace, the builtin endpoint answers it and a real trace comes back."""
-    out = Path(tempfile.mkdtemp(prefix="gl-abs-", dir="/var/tmp"))
-    try:
-        run = subprocess.run(["unshare", "--net", sys.executable, str(Path(__file__).with_name("abstract_probe.py")),
-                              str(out)], capture_output=True, text=True, timeout=150)
-        assert run.returncode == 0, run.stderr[-2000:]
-        result = json.loads(run.stdout.strip().splitlines()[-1])
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    result = run_probe("abstract_probe.py", 150)
     assert result["address"] == "@dynolog\\0"
     assert result["outcome"] == "queued_by_dynolog" and result["delivered"] == [result["pid"]]
     assert result["trace_id"] == "31337" and result["cats"] == ["Trace", "cpu_op"]
