@@ -261,7 +261,9 @@ class Pipeline:
                 answer = None
             else:
                 try:
-                    answer = await self.trigger.request(config, pid, job)
+                    # rec.trace_id is set only when queued again after a restart (Agent.start)
+                    answer = await self.trigger.request(config, pid, job, trace_id=rec.trace_id,
+                                                        moot_if=rec.watch_path if rec.trace_id else None)
                     unreachable = 0
                     new_entry = rec.status.record_attempt(_attempt(self.trigger.name, answer.result))
                 except TriggerFailed as exc:
@@ -384,6 +386,11 @@ class Pipeline:
         rec.observed_at = found.observed_at
         self._observed_after(found)
         self._unresolved.pop(rec.key, None)
+        if self.trigger.retract(rec.trace_id):
+            # queued again after a restart while Kineto traced the earlier copy: this is its trace,
+            # and the copy still in the slot would trace the rank a second time into this file
+            _log.info("target.duplicate_config_retracted", capture_id=rec.capture_id, target_id=rec.target_id,
+                      trace_id=rec.trace_id)
         self.trigger.settle(rec.trace_id)
         self._set(rec, S.TRACE_OBSERVED, f"{found.path} ({found.size} bytes)")
 

@@ -61,8 +61,10 @@ class Agent:
                 continue                       # over; one still watched for a late trace is resumed
             if (rec.status.state is TargetState.QUEUED_BY_DYNOLOG and rec.backend == "builtin"
                     and rec.delivered_at is None):
-                # The builtin slot lived in the previous process; Kineto never fetched it. Queue again
-                # (at-least-once: a duplicate trace is acceptable, a missed one is not).
+                # The builtin slot lived in the previous process. Queue again (at-least-once: a
+                # duplicate is acceptable, a missed trace is not) under the same trace id: the
+                # endpoint answers Kineto before this write, so Kineto may be tracing the earlier
+                # copy, whose file then verifies; the pipeline retracts the copy left in the slot.
                 rec.set_state(TargetState.DISPATCHED, "agent restarted before Kineto fetched the config; queueing again")
                 self._try_put(rec, "target.requeue_not_persisted")  # the pipeline's next write carries it
             self._spawn(rec)

@@ -37,8 +37,11 @@ class TriggerAnswer:
 class Trigger(Protocol):
     name: str
 
-    async def request(self, config: str, pid: int, job_id: int) -> TriggerAnswer:
-        """Raises TriggerFailed when the backend itself failed."""
+    async def request(self, config: str, pid: int, job_id: int, *, trace_id: str | None = None,
+                      moot_if: str | None = None) -> TriggerAnswer:
+        """Raises TriggerFailed when the backend itself failed. `trace_id`, `moot_if`: for a config
+        queued again after a restart, the id it had before (a backend that chooses ids keeps it) and
+        the trace file whose presence makes it moot (a backend that sees Kineto's polls drops it then)."""
 
     async def lost(self) -> TriggerFailed | None:
         """Why the backend no longer answers (a cheap call, short timeout); None while it does."""
@@ -65,7 +68,9 @@ class DynologTrigger:
         self.client, self.process_limit = client, process_limit
         self.probe = client.with_timeout(min(probe_timeout_s, client.timeout_s))
 
-    async def request(self, config: str, pid: int, job_id: int) -> TriggerAnswer:
+    async def request(self, config: str, pid: int, job_id: int, *, trace_id: str | None = None,
+                      moot_if: str | None = None) -> TriggerAnswer:
+        # dynolog chooses the trace id itself and cannot be told to drop a config: both are ignored
         result = await self.client.set_kineto_ondemand_request(config, [pid], job_id, self.process_limit)
         extra = sorted(set(result.processes_matched) - {pid})
         if extra:
@@ -96,9 +101,12 @@ class BuiltinTrigger:
     def __init__(self, endpoint: KinetoEndpoint):
         self.endpoint = endpoint
 
-    async def request(self, config: str, pid: int, job_id: int) -> TriggerAnswer:
-        trace_id = str(secrets.randbits(62))
-        result = self.endpoint.trigger(config, [pid], job_id, trace_id=trace_id)
+    async def request(self, config: str, pid: int, job_id: int, *, trace_id: str | None = None,
+                      moot_if: str | None = None) -> TriggerAnswer:
+        # Queued again after a restart, a config keeps its id: the endpoint answers Kineto before the
+        # agent writes that it did, so Kineto may trace the earlier copy, and its file must verify.
+        trace_id = trace_id or str(secrets.randbits(62))
+        result = self.endpoint.trigger(config, [pid], job_id, trace_id=trace_id, moot_if=moot_if)
         outcome = result.outcome_for(pid)
         return TriggerAnswer(outcome, result, trace_id if outcome is PidOutcome.QUEUED else None)
 

@@ -74,6 +74,7 @@ class KnownProcess:
     last_seen: float       # monotonic
     pending: str | None = None
     pending_trace_id: str | None = None
+    pending_moot_if: str | None = None        # a file whose presence makes the pending config moot
     polls: int = 0                            # polls received, answered or not
     polled_at: float | None = None            # when its last poll was queued (wall clock)
     silence_before: float = 0.0               # the gap before that poll
@@ -215,8 +216,12 @@ class KinetoEndpoint:
     # --- the trigger side ------------------------------------------------------------------
 
     def trigger(self, config: str, pids: list[int], job_id: int, *, trace_id: str | None = None,
-                process_limit: int = 1000) -> OnDemandResult:
-        """Put `config` in the pending slot of each process of `job_id` whose own pid is in `pids`."""
+                moot_if: str | None = None, process_limit: int = 1000) -> OnDemandResult:
+        """Put `config` in the pending slot of each process of `job_id` whose own pid is in `pids`.
+        `moot_if`: a path; if it exists when Kineto polls, the config is dropped, never handed over.
+        A config queued again after an agent restart is a copy of one Kineto may have fetched just
+        before (its answer goes before the agent's write): that trace lands at this path, and Kineto
+        goes idle only after its rename, so this check at the handover keeps it from tracing twice."""
         wanted = set(pids)
         matched: list[int] = []
         triggered: list[int] = []
@@ -230,7 +235,7 @@ class KinetoEndpoint:
                 continue
             if proc.pending is None:
                 proc.pending = "\n    " + config + (f"\n    REQUEST_TRACE_ID={trace_id}" if trace_id else "")
-                proc.pending_trace_id = trace_id
+                proc.pending_trace_id, proc.pending_moot_if = trace_id, moot_if
                 triggered.append(proc.leaf)
             else:
                 busy += 1
@@ -241,7 +246,7 @@ class KinetoEndpoint:
         this it can never start late. False when it was fetched already, or is not ours."""
         for proc in self._procs.values():
             if proc.pending is not None and proc.pending_trace_id == trace_id:
-                proc.pending = proc.pending_trace_id = None
+                proc.pending = proc.pending_trace_id = proc.pending_moot_if = None
                 _log.info("ipc.config_retracted", job=proc.job_id, pid=proc.leaf, trace_id=trace_id)
                 return True
         return False
@@ -390,13 +395,19 @@ class KinetoEndpoint:
                           why="Kineto's sync_send gave up on a poll that went through; it reads that answer now")
                 return None
         config = b""
+        if req.wants_activities and proc.pending is not None and proc.pending_moot_if \
+                and os.path.exists(proc.pending_moot_if):
+            _log.info("ipc.config_moot", job=req.job_id, pid=proc.leaf, trace_id=proc.pending_trace_id,
+                      path=proc.pending_moot_if, why="its earlier copy's trace is there: Kineto traced it already")
+            proc.pending = proc.pending_trace_id = proc.pending_moot_if = None
         if req.wants_activities and proc.pending is not None:
             config = (proc.pending + "\n").encode()
             delivery = Delivery(req.job_id, proc.leaf, proc.pending_trace_id, time.time())
             # what the poll itself said is kept; what the handover adds can be taken back (_take_back)
-            self._handed = (key, proc, proc.pending, proc.pending_trace_id, len(self._after_answer))
+            self._handed = (key, proc, proc.pending, proc.pending_trace_id, proc.pending_moot_if,
+                            len(self._after_answer))
             self._watch.on_fetch(key, req.job_id, proc.leaf, proc.pending_trace_id, proc.pending)
-            proc.pending = proc.pending_trace_id = None
+            proc.pending = proc.pending_trace_id = proc.pending_moot_if = None
             _log.info("ipc.config_fetched", job=req.job_id, pid=proc.leaf, trace_id=delivery.trace_id)
             if self.on_delivered is not None:
                 self._after_answer.append(lambda on=self.on_delivered, d=delivery: on(d))
@@ -408,9 +419,9 @@ class KinetoEndpoint:
         handed, self._handed = self._handed, None
         if handed is None:
             return
-        key, proc, pending, trace_id, mark = handed
+        key, proc, pending, trace_id, moot_if, mark = handed
         if proc.pending is None:
-            proc.pending, proc.pending_trace_id = pending, trace_id
+            proc.pending, proc.pending_trace_id, proc.pending_moot_if = pending, trace_id, moot_if
         del self._after_answer[mark:]
         self._watch.unfetch(key, trace_id)
         _log.info("ipc.config_taken_back", job=proc.job_id, pid=proc.leaf, trace_id=trace_id,

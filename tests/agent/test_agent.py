@@ -118,7 +118,7 @@ async def test_two_workers_end_verified_archived_and_checksummed(node, agent):
         done = await converge(client, "c-two-workers")
     for rank, proc in enumerate(procs):
         st = done[f"rank-{rank}"]
-        assert st.state.value == "archived", st
+        assert st.state.value == "archived", (st.reason, st.detail)
         art = st.artifact
         assert isinstance(art, Artifact) and art.rank == rank and art.pid == proc.pid and art.node == "node-1"
         data = Path(art.uri.removeprefix("file://")).read_bytes()
@@ -349,6 +349,42 @@ async def test_queued_but_unfetched_builtin_configs_are_queued_again_after_a_res
         await running.stop()
 
 
+async def test_a_config_fetched_just_before_a_crash_is_the_targets_trace_after_the_restart(node):
+    """The endpoint answers Kineto first and writes `delivered_at` after (Kineto waits ~50 ms for
+    its answer): an agent killed between the two leaves Kineto tracing a config the state says was
+    never fetched. The new agent queues the target again; the trace Kineto then writes is that
+    config's and must be archived as the target's (seen in CI: failed, trace_id not the requested),
+    and the second config must never reach Kineto (it would trace the rank twice into one file)."""
+    p = node.worker(0, kineto=None)
+    gate = threading.Event()
+    k = FakeKineto(node.sock_dir, KJOB, p.pid, start_gate=gate)   # fetches, then traces when let
+    running = await start_agent(node.options())
+    running.endpoint.on_delivered = None    # the kill lands after the answer, before the write
+    try:
+        k.start()
+        node.kinetos.append(k)
+        async with AgentClient(running.url, TOKEN) as client:
+            await client.dispatch("c-crash-001", "rank-0", dispatch(node, "c-crash-001", 0))
+            while not k.configs:
+                await asyncio.sleep(0.05)
+            assert (await client.status("c-crash-001"))[0].state.value == "queued_by_dynolog"
+    finally:
+        await running.stop()
+    running = await start_agent(node.options())
+    try:
+        async with AgentClient(running.url, TOKEN) as client:
+            while not any(proc.pending for proc in running.endpoint.processes()):
+                await asyncio.sleep(0.05)     # queued again, in the new endpoint's slot
+            gate.set()                        # Kineto writes the config it fetched before the crash
+            st = (await converge(client, "c-crash-001"))["rank-0"]
+        assert st.state.value == "archived", (st.reason, st.detail)
+        assert st.artifact.trace_id == k.configs[0]["REQUEST_TRACE_ID"]
+        assert not any(proc.pending for proc in running.endpoint.processes()), "the second config is still out"
+        assert len(k.configs) == 1
+    finally:
+        await running.stop()
+
+
 async def test_archive_outage_is_retried_and_a_lasting_one_keeps_the_bytes(node, monkeypatch):
     for key, value in CREDS.items():
         monkeypatch.setenv(key, value)
@@ -566,7 +602,7 @@ async def test_a_trace_whose_gzip_copy_meets_a_full_disk_is_archived_as_it_is(no
                 st = (await converge(client, "c-full-staging"))["rank-0"]
         finally:
             await running.stop()
-        assert st.state.value == "archived", st
+        assert st.state.value == "archived", (st.reason, st.detail)
         assert "archived uncompressed" in st.detail and "No space left" in st.detail, st.detail
         art = st.artifact
         assert art.uri.endswith("/traces/rank-0.json") and art.sizes["encoding"] == "identity"

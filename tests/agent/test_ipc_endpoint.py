@@ -92,6 +92,23 @@ async def test_busy_while_tracing_and_until_fetched(endpoint, sock_dir, poller_f
     assert endpoint.trigger(CONFIG, [999], 7).outcome_for(999) is PidOutcome.NOT_MATCHED
 
 
+async def test_a_config_made_moot_by_its_trace_is_dropped_at_the_handover_not_before(endpoint, sock_dir, poller_factory,
+                                                                                     tmp_path):
+    worker = poller_factory(sock_dir, 7, [100])
+    await worker.apoll()
+    trace = tmp_path / "rank-0_100.json"
+    assert endpoint.trigger(CONFIG, [100], 7, trace_id="5", moot_if=str(trace)).outcome_for(100) is PidOutcome.QUEUED
+    assert await worker.apoll(config_type=1) == ""     # busy: the earlier copy is being traced
+    trace.write_text("{}")                                # ... and lands, then Kineto polls idle
+    assert await worker.apoll() == ""
+    assert endpoint.deliveries == [] and not any(p.pending for p in endpoint.processes())
+    # without its trace there, the same copy is handed over as any config
+    assert endpoint.trigger(CONFIG, [100], 7, trace_id="6", moot_if=str(tmp_path / "absent.json")) \
+        .outcome_for(100) is PidOutcome.QUEUED
+    assert "REQUEST_TRACE_ID=6" in await worker.apoll()
+    assert [d.trace_id for d in endpoint.deliveries] == ["6"]
+
+
 async def test_malformed_datagrams_get_no_answer_and_do_not_break_it(endpoint, sock_dir, poller_factory):
     p = poller_factory(sock_dir, 7, [100])
     header = struct.Struct("<Q32s")

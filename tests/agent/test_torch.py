@@ -296,7 +296,7 @@ async def test_agent_killed_mid_capture_resumes_from_its_state(site):
         agent.wait(20)
     for rec in site.records("e2e"):
         st = done[f"rank-{rec['global_rank']}"]
-        assert st.state.value == "archived" and st.artifact.pid == rec["pid"], st
+        assert st.state.value == "archived" and st.artifact.pid == rec["pid"], (st.reason, st.detail)
         archived_trace(st)
 
 
