@@ -41,6 +41,10 @@ __all__ = ["CoordinatorSettings", "Coordinator", "CaptureBusy", "RequestMismatch
 
 log = get_logger("coordinator")
 
+#: how many attempts before its own a coordinator looks through for a capture id it does not hold
+#: (one archive read each, only for ids it does not know)
+EARLIER_ATTEMPTS = 8
+
 
 class CaptureBusy(Exception):
     """Another capture of this job is still running (the trainers' config slots are taken)."""
@@ -103,10 +107,20 @@ class Coordinator:
         return self.captures.get(capture_id)
 
     async def archived(self, capture_id: str) -> dict[str, Any] | None:
-        """A capture this process does not hold (it restarted since): its status from the archive."""
+        """A capture this process does not hold: its status from the archive. Either this
+        coordinator restarted since, or an earlier attempt's coordinator ran it (it drained and
+        went; the job's Service is this one's now): its manifest lies under that attempt's prefix,
+        so the attempts before this one are read too, newest first, at most EARLIER_ATTEMPTS back."""
         s = self.settings
-        return await read_archived(capture_id, archive_root=s.archive_root, namespace=s.namespace, job_id=s.job_id,
-                                   attempt=s.attempt, open_store=self.open_store)
+        for attempt in range(s.attempt, max(-1, s.attempt - EARLIER_ATTEMPTS - 1), -1):
+            found = await read_archived(capture_id, archive_root=s.archive_root, namespace=s.namespace,
+                                        job_id=s.job_id, attempt=attempt, open_store=self.open_store)
+            if found is not None:
+                if attempt != s.attempt:
+                    found["note"] = (f"read from the archive: attempt {attempt}'s coordinator ran it; this is "
+                                     f"attempt {s.attempt}'s")
+                return found
+        return None
 
     def archived_list(self) -> list[dict[str, Any]]:
         return list_kept(self.settings.state_dir, set(self.captures))

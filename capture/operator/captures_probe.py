@@ -14,7 +14,9 @@ from typing import Any, Callable, Mapping
 
 from gpulens.ground.logs import get_logger
 
-__all__ = ["http_captures", "CapturesFetcher"]
+from ..coordinator.progress import Phase
+
+__all__ = ["http_captures", "CapturesFetcher", "in_flight"]
 
 log = get_logger("operator")
 
@@ -35,3 +37,10 @@ def http_captures(token: str, timeout_s: float = 3.0,
             return None
         return body if isinstance(body, dict) else None
     return fetch
+
+
+def in_flight(listing: Mapping[str, Any]) -> list[str]:
+    """The ids of the captures a coordinator's `GET /v1/captures` answer says are still running."""
+    return sorted(item["capture_id"] for item in listing.get("captures") or []
+                  if isinstance(item, Mapping) and isinstance(item.get("capture_id"), str)
+                  and item.get("phase") in (Phase.PREPARING, Phase.CAPTURING))

@@ -2,7 +2,10 @@
 by the periodic resync; safe to call any number of times (that is what makes restarts harmless).
 
 Nothing here touches a running coordinator Pod: a Pod is created when missing and never replaced,
-and only a CaptureCoordinator's deletion (job gone, newer attempt) ends one.
+and only a CaptureCoordinator's deletion (job gone, newer attempt) ends one. A coordinator that
+says it still runs a capture is not deleted yet (it drains): its capture converges, with the
+targets of a lost node or a dead attempt failed for their reasons and its manifest written, and a
+later reconcile (at the latest the resync) deletes it. The job's Service goes to the new one at once.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..wire import labels as L
 from .config import OperatorConfig
 from .jobs import JobRef
 from .kube import KubeApi, KubeError
+from .captures_probe import in_flight
 from .manifests import (coordinator_pod, coordinator_role_binding, coordinator_service, coordinator_service_account,
                         copied_secret, owner_reference_to)
 from .planning import JobPlan, coordinator_status, coordinators_by_job, group_pods, plan_job, summarize_captures
@@ -113,8 +117,26 @@ class Reconciler:
             if cc is not None:
                 self.ensure_children(cc)   # hand the Service over before the old owner goes
         for name in plan.delete:
+            running = self._running_captures(ns, name)
+            if running:
+                log.info("coordinator.draining", namespace=ns, job_id=job_id, coordinator=name, reason=plan.reason,
+                         captures=",".join(running))
+                continue
             if self.api.delete_coordinator(ns, name):
                 log.info("coordinator.deleted", namespace=ns, job_id=job_id, coordinator=name, reason=plan.reason)
+
+    def _running_captures(self, ns: str, name: str) -> list[str]:
+        """What coordinator `name` says it is still capturing, asked at its Pod (the job's Service
+        may point at its successor already); [] when it cannot be asked or does not answer: one
+        that is gone with a lost node drains nothing."""
+        if self.captures is None:
+            return []
+        pod = self.api.get_pod(ns, name)
+        ip = ((pod or {}).get("status") or {}).get("podIP")
+        if not ip or ((pod or {}).get("metadata") or {}).get("deletionTimestamp"):
+            return []
+        listing = self.captures(f"http://{ip}:{self.config.coordinator.port}")
+        return in_flight(listing) if listing is not None else []
 
     def ensure_children(self, cc: Mapping[str, Any]) -> list[str]:
         """Create whatever of the coordinator's objects is missing; returns what it created or fixed."""

@@ -72,3 +72,30 @@ async def test_a_restarted_coordinator_answers_finished_captures_from_the_archiv
             async with http.get(f"{url}/v1/captures/{cid}", headers=H) as r:
                 assert r.status == 404
         await second.close()
+
+
+async def test_the_next_attempts_coordinator_answers_a_capture_its_predecessor_finished(tmp_path, http):
+    """A node lost mid-capture: the job's next attempt got a coordinator (and the job's Service)
+    while the old one drained its capture and went. Asked through the Service, the new one reads
+    the capture from the old attempt's folder of the archive; another job's stays unknown."""
+    write_job(tmp_path / "registry", pods={"train-0": ("node-a", 0)}, local_world_size=2)
+    double = AgentDouble("node-a", AGENT_TOKEN)
+    (tmp_path / "c.token").write_text(TOKEN)
+    async with RunningAgent(double) as agent:
+        first = make_coordinator(tmp_path, http, {"node-a": agent.url})
+        record, _ = first.start(CaptureRequest(job_id="train", duration_ms=200, requested_by="ada"))
+        await first.wait(record.capture_id)
+        await first.close()
+        assert record.phase == "converged" and "/train/0/" in record.manifest_uri
+        later = make_coordinator(tmp_path, http, {"node-a": agent.url}, attempt=3)
+        other = make_coordinator(tmp_path, http, {"node-a": agent.url}, attempt=3, job="other")
+        async with serving(make_app(later, Credentials(tokens=(SecretFile(tmp_path / "c.token"),)))) as url:
+            async with http.get(f"{url}/v1/captures/{record.capture_id}", headers=H) as r:
+                assert r.status == 200
+                status = await r.json()
+        assert status["from_archive"] is True and status["attempt"] == 0 and status["phase"] == "converged"
+        assert "attempt 0's coordinator ran it" in status["note"] and "restarted" not in status["note"]
+        assert status["manifest_uri"] == record.manifest_uri and status["counts"] == {"archived": 2, "failed": 0}
+        assert await other.archived(record.capture_id) is None        # another job's folder is never read
+        await later.close()
+        await other.close()

@@ -90,6 +90,48 @@ def test_an_attempt_bump_replaces_the_coordinator_and_keeps_the_service(cluster,
     assert not [n for k in CHILD_KINDS for n in cluster.names(k, "ml") if "-a0" in n]
 
 
+def test_a_coordinator_with_a_capture_in_flight_drains_before_it_goes(cluster, config):
+    """A node lost mid-capture: its pod's ranks break the world, the Job replaces the pods and a
+    newer attempt appears while the old coordinator still waits for that capture's targets. The
+    old one is asked at its Pod (the job's Service is its successor's already) and kept until its
+    capture has converged; one that does not answer is deleted as before."""
+    phases = {"10.9.0.7": "capturing"}
+    asked: list[str] = []
+
+    def fetch(endpoint: str):
+        asked.append(endpoint)
+        ip = endpoint.removeprefix("http://").split(":")[0]
+        return {"captures": [{"capture_id": "c-20261207t150000-aaaaaaaa", "phase": phases[ip]}]} if ip in phases else None
+
+    cluster.tokens()
+    r = Reconciler(KubeApi(cluster.api.api_client()), config, captures=fetch)
+    job = cluster.job("ml", "llama")
+    cluster.pod("ml", "llama-0", job=job, attempt=0)
+    r.reconcile_job("ml", "llama")
+    cluster.core.patch_namespaced_pod_status(
+        "gpulens-llama-a0", "ml", {"status": {"phase": "Running", "podIP": "10.9.0.7"}},
+        _content_type="application/merge-patch+json", _preload_content=False)
+    cluster.pod("ml", "llama-0-r1", job=job, attempt=1)
+    plan = r.reconcile_job("ml", "llama")
+    assert plan.delete == ("gpulens-llama-a0",) and plan.keep == "gpulens-llama-a1"
+    assert sorted(cluster.coordinators("ml")) == ["gpulens-llama-a0", "gpulens-llama-a1"]     # draining
+    assert asked == [f"http://10.9.0.7:{config.coordinator.port}"]
+    svc = next(s for s in cluster.list("Service", "ml") if s["metadata"]["name"] == "gpulens-llama")
+    assert svc["spec"]["selector"] == {L.COORDINATOR_OF: "gpulens-llama-a1"}    # new captures go to a1
+    r.resync()
+    assert "gpulens-llama-a0" in cluster.coordinators("ml")
+    phases["10.9.0.7"] = "converged"
+    r.resync()
+    assert list(cluster.coordinators("ml")) == ["gpulens-llama-a1"]
+    # a coordinator that cannot be asked (its node lost) drains nothing
+    cluster.core.patch_namespaced_pod_status(
+        "gpulens-llama-a1", "ml", {"status": {"phase": "Running", "podIP": "10.9.0.8"}},
+        _content_type="application/merge-patch+json", _preload_content=False)
+    cluster.pod("ml", "llama-0-r2", job=job, attempt=2)
+    r.reconcile_job("ml", "llama")
+    assert list(cluster.coordinators("ml")) == ["gpulens-llama-a2"]
+
+
 def test_deleting_the_job_removes_its_coordinator(cluster, reconciler):
     job = cluster.job("ml", "llama")
     cluster.pod("ml", "llama-0", job=job)
