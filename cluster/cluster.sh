@@ -8,6 +8,10 @@
 #   cluster.sh status   one line per component; exit 0 only when the node is Ready
 #   cluster.sh env      prints KUBECONFIG=... for the admin kubeconfig
 #   cluster.sh load IMAGE.tar   import an image archive into the cluster's containerd
+#   cluster.sh lose K   extra node K crashes: every process of it (containerd, kubelet, kube-proxy,
+#                       every pod's) killed at once; its network, disk and cgroup parent stay
+#   cluster.sh restore K   node K boots again on what it left: its components start, waits for a
+#                       Ready it reports after the restore began
 # Layout: binaries cached in $GPULENS_CLUSTER_CACHE (/var/cache/gpulens-cluster; kept by down),
 # state in /var/lib/gpulens-cluster and /run/gpulens-cluster (removed by down).
 # Network: bridge gl-cni0 10.244.0.1/24 (pods, node IP, apiserver, DNS), Services 10.96.0.0/16.
@@ -340,8 +344,11 @@ build_pause() {
   fi
 }
 
-node_ready() {  # node_ready [NAME]: the node (default node 1) reports Ready
-  kapi "/api/v1/nodes/${1:-$NODE}" | python3 -c 'import json,sys; n=json.load(sys.stdin); sys.exit(0 if any(c["type"]=="Ready" and c["status"]=="True" for c in n["status"]["conditions"]) else 1)'
+node_ready() {  # node_ready [NAME [EPOCH]]: the node (default node 1) reports Ready (in a heartbeat at or after EPOCH)
+  kapi "/api/v1/nodes/${1:-$NODE}" | python3 -c 'import json,sys,datetime as d
+since = float(sys.argv[1]); n = json.load(sys.stdin)
+fresh = lambda c: d.datetime.strptime(c["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=d.timezone.utc).timestamp() >= since
+sys.exit(0 if any(c["type"] == "Ready" and c["status"] == "True" and fresh(c) for c in n["status"]["conditions"]) else 1)' "${2:-0}"
 }
 all_ready() {
   node_ready || return 1
@@ -450,6 +457,27 @@ node_down() {  # stop node K's components, end its namespaces, undo its network 
   ip link del "$NVETH" 2>/dev/null || true
   [ -e "/run/netns/$NNS" ] && { ip netns del "$NNS" 2>/dev/null || say "could not delete netns $NNS"; }
   true
+}
+extra_node() {  # extra_node K: die unless K names an extra node of this cluster
+  [[ ${1:-} =~ ^[0-9]+$ ]] && (( $1 >= 2 && $1 <= $(node_count) )) || die "K must be an extra node: 2..$(node_count) (got '${1:-}')"
+}
+cmd_lose() {  # node K as a machine that crashed: PID 1 of its PID namespace killed, so every process in it
+  local k=${1:-} p1; extra_node "$k"; node_vars "$k"
+  p1=$(node_pid1 "$k") && [ -n "$p1" ] || die "node $NNAME is not running (lost already?)"
+  kill -9 "$p1"
+  wait_for 30 "node-$k PID namespace to end" bash -c "! kill -0 $p1 2>/dev/null"
+  rm -f "$NRUN/started"
+  say "node $NNAME lost: its containerd, kubelet, kube-proxy and pods' processes are gone; network, disk, cgroups kept"
+}
+cmd_restore() {  # node K boots again: the same state folders, network and cgroup parent
+  local k=${1:-} t; extra_node "$k"; node_vars "$k"
+  [ -z "$(node_pid1 "$k" 2>/dev/null)" ] || die "node $NNAME is running; lose it first"
+  t=$(date +%s)
+  node_cgroups_up "$k"
+  node_start "$k"
+  wait_for 60 "node-$k kubelet" node_alive "$k" kubelet
+  wait_for 240 "node $NNAME Ready again" node_ready "$NNAME" "$t"
+  say "node $NNAME restored in $(( $(date +%s) - t ))s"
 }
 private_dirs_up() {  # the mount points of the nodes' own host folders; down removes the ones made here
   local d
@@ -631,7 +659,9 @@ case "${1:-}" in
   status) cmd_status ;;
   env) cmd_env ;;
   load) shift; cmd_load "$@" ;;
+  lose) cmd_lose "${2:-}" ;;
+  restore) cmd_restore "${2:-}" ;;
   _our_pids) our_pids ;;
   _node_init) cmd_node_init "$2" ;;
-  *) echo "usage: $0 up [--nodes N]|down|status|env|load IMAGE.tar" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--nodes N]|down|status|env|load IMAGE.tar|lose K|restore K" >&2; exit 2 ;;
 esac

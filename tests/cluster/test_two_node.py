@@ -7,7 +7,9 @@ Then the design's own smoke test (issue 33): the chart on both nodes, a DDP job 
 per node) with two torchrun workers each, four ranks in one gloo world; one capture through the
 gateway archives every rank by its own node's agent under one manifest, the analysis Job reads
 all four; an iteration capture traces the same iterations on every rank; a hung agent on the
-second node costs only that node's ranks, and the next capture archives all four again.
+second node costs only that node's ranks, and the next capture archives all four again; the second
+node lost mid-capture (`cluster.sh lose 2`, then `restore 2`) costs its ranks, and the Job's next
+attempt gets its own coordinator and a whole capture.
 
 Runs after test_9 (file order): the package's cluster is brought up again with two nodes for this
 module (a warm `up`) and taken down by its last test."""
@@ -25,12 +27,14 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.capture.wire import labels as L
+
 from .conftest import (REUSE, S3, Grafana, grafana_server, load_gpulens_image, load_toolbox, restart_release_pods,
                        s3_server)
 from .harness import (BB, KUBECONFIG, NODE, NODE2, NODE2_IP, NS, REPO, STATE, TOOLBOX, cluster_sh, down, forbidden_in_logs,
                       machine_diff, machine_state, node_count, pod_log, readme_install, sysctls_changed_by_others,
                       up, wait_until)
-from .workload import (JOB, armed_namespace, call, capture_status, gateway, start_capture, trainer_job,
+from .workload import (JOB, PEERS, armed_namespace, call, capture_status, gateway, start_capture, trainer_job,
                        trainer_peers_service, wait_converged, wait_training)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
@@ -166,6 +170,7 @@ def test_host_path_pid_and_cgroups_are_the_nodes_own(two, namespace):
 # --- the smoke test: the chart on two nodes, four ranks, one capture, one manifest (issue 33) -----
 
 NODE_SEL = "app.kubernetes.io/component=node"
+COORDINATOR_PODS = "app.kubernetes.io/component=coordinator"
 
 
 @dataclass
@@ -191,12 +196,15 @@ def two_release(two, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ddp(two, two_release):
     """Job `trainer`: two pods, one per node, two torchrun workers each: ranks 0-3 in one gloo world
-    (tests/cluster/workload.py, FIND_PEERS), in an armed namespace. Yields (namespace, {node: pod})."""
+    (tests/cluster/workload.py, FIND_PEERS), in an armed namespace. Yields (namespace, {node: pod}).
+    As a training Job is set to survive a lost node: a pod on an unreachable node is evicted after
+    10 s, and the Job replaces failed pods (the last test loses node 2)."""
     from kubernetes import client
     ns = armed_namespace(two)
     try:
         two.create_namespaced_service(ns, trainer_peers_service())
-        client.BatchV1Api(two.api_client).create_namespaced_job(ns, trainer_job(two_release.image, nodes=2))
+        client.BatchV1Api(two.api_client).create_namespaced_job(
+            ns, trainer_job(two_release.image, nodes=2, backoff_limit=6, lost_node_after_s=10))
         pods = wait_until("the trainer's two pods", lambda: (lambda ps: len(ps) == 2 and ps)(
             two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items), 60)
         pods = [wait_training(two, ns, p.metadata.name) for p in pods]
@@ -380,6 +388,130 @@ def test_a_hung_agent_on_one_node_costs_only_its_ranks(two, ddp, two_release):
     # answer Kineto no longer waits for would leave every later one a poll late (docs/agent.md).
     log = pod_log(two, NS, agent.metadata.name, "agent")
     assert "event=ipc.late_poll_unanswered" in log, log[-3000:]
+
+
+def _ready(pod) -> bool:
+    return bool(pod.status.container_statuses) and all(c.ready for c in pod.status.container_statuses)
+
+
+def _node_ready(api, node: str) -> bool:
+    return [c.status for c in api.read_node(node).status.conditions if c.type == "Ready"] == ["True"]
+
+
+def _placed_off(api, node: str, ns: str) -> None:
+    """The lost-node test's precondition: gpulens' own pods that are not per node (operator, webhook,
+    gateway) and the job's coordinator run on the node that stays. One of them on the lost node is
+    replaced only once Kubernetes evicts its pod (300 s by default), so its capture waits that long;
+    a deleted coordinator is test_3_loop's case. Those on `node` are deleted with `node` cordoned."""
+    def movable():
+        pods = api.list_namespaced_pod(NS).items + api.list_namespaced_pod(ns, label_selector=COORDINATOR_PODS).items
+        return [p for p in pods if p.status.phase in ("Pending", "Running")
+                and not any(o.kind == "DaemonSet" for o in p.metadata.owner_references or [])]
+    api.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        for p in movable():
+            if p.spec.node_name == node:
+                api.delete_namespaced_pod(p.metadata.name, p.metadata.namespace)
+        wait_until(f"gpulens' own pods and the coordinator Ready off {node}", lambda: (lambda ps: ps and all(
+            p.spec.node_name and p.spec.node_name != node and _ready(p) and not p.metadata.deletion_timestamp
+            for p in ps))(movable()), 300, 1)
+    finally:
+        api.patch_node(node, {"spec": {"unschedulable": False}})
+
+
+def _job_pods_said(api, ns: str) -> str:
+    """The job's pods (node, phase, attempt, being deleted) with their logs' last lines, and the
+    addresses its PEERS Service lists: what a replacement that never trained is read from."""
+    out = []
+    for p in api.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items:
+        try:
+            tail = "\n    ".join(pod_log(api, ns, p.metadata.name, "trainer").splitlines()[-15:])
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the failure
+            tail = f"(no log: {type(exc).__name__})"
+        out.append(f"pod {p.metadata.name} node={p.spec.node_name} phase={p.status.phase} ip={p.status.pod_ip} "
+                   f"attempt={(p.metadata.labels or {}).get(L.ATTEMPT)} deleting={p.metadata.deletion_timestamp}\n    {tail}")
+    try:
+        subsets = api.read_namespaced_endpoints(PEERS, ns).subsets or []
+        out.append("PEERS: ready " + str(sorted(a.ip for s in subsets for a in s.addresses or []))
+                   + " not ready " + str(sorted(a.ip for s in subsets for a in s.not_ready_addresses or [])))
+    except Exception as exc:  # noqa: BLE001
+        out.append(f"PEERS: {exc}")
+    return "\n".join(out)
+
+
+def test_a_lost_node_costs_its_ranks_and_the_next_attempt_gets_its_own_coordinator(two, ddp, two_release):
+    """Node 2 crashes mid-capture (`cluster.sh lose 2`: its kubelet, containerd, agent and trainer
+    processes killed at once; its ranks die and the gloo world breaks), then boots again. The
+    capture converges: node 2's ranks `agent_unreachable`, node 1's ranks what became of them, each
+    named in the manifest. Kubernetes evicts node 2's pod, the Job replaces both pods, the webhook
+    numbers them a later attempt, which gets its own coordinator, and its capture archives all four."""
+    from kubernetes import client
+    ns, pods = ddp
+    custom = client.CustomObjectsApi(two.api_client)
+    _placed_off(two, NODE2, ns)
+    old = {p.metadata.name: p for p in two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items}
+    assert {p.metadata.labels.get(L.ATTEMPT) for p in old.values()} == {"0"}, [p.metadata.labels for p in old.values()]
+    cid = start_capture(two, ns, 5000)
+
+    def dispatched():
+        targets = capture_status(two, cid).get("targets") or []
+        return len(targets) == 4 and all(t["state"] != "pending" for t in targets) and targets
+    wait_until("all four ranks dispatched", dispatched, 120, 0.3)
+    lost = cluster_sh("lose", "2", timeout=120)
+    assert lost.returncode == 0, lost.stderr
+    try:
+        try:
+            done = wait_converged(two, cid, timeout=400)
+        except AssertionError as exc:
+            ops = [p.metadata.name for p in two.list_namespaced_pod(NS).items if "operator" in p.metadata.name]
+            said = "\n".join(ln for o in ops for ln in pod_log(two, NS, o, None).splitlines() if "coordinator." in ln)
+            raise AssertionError(f"{exc}\n{json.dumps(capture_status(two, cid))[:3000]}\n{said[-3000:]}") from None
+        states: dict[str, set] = {NODE: set(), NODE2: set()}
+        for t in done["targets"]:
+            states[t["node"]].add((t["state"], t.get("reason")))
+        assert done["phase"] == "converged" and not done["fully_succeeded"], _targets(done)
+        assert states[NODE2] == {("failed", "agent_unreachable")}, _targets(done)
+        # node 1's ranks traced on or died with the world: either is theirs to say, never unknown
+        assert states[NODE] <= {("archived", None), ("failed", "process_gone")}, _targets(done)
+        manifest = json.loads(_bytes(two_release.s3, done["manifest_uri"]))
+        named = sorted([a["rank"] for a in manifest["artifacts"]] + [f["rank"] for f in manifest["failures"]])
+        assert named == [0, 1, 2, 3] and all(f["reason"] for f in manifest["failures"]), manifest["failures"]
+        print(f"\n[lost-node] capture {cid}: " + _targets(done).replace("\n", "\n[lost-node] "))
+        wait_until(f"{NODE2} NotReady", lambda: not _node_ready(two, NODE2), 120, 1)
+        (on1,) = [p for p in old.values() if p.spec.node_name == NODE]
+        wait_until("node 1's trainer pod failed (its world broke)", lambda: two.read_namespaced_pod(
+            on1.metadata.name, ns).status.phase == "Failed", 300, 1)
+        (on2,) = [p for p in old.values() if p.spec.node_name == NODE2]
+        wait_until("node 2's trainer pod evicted", lambda: two.read_namespaced_pod(
+            on2.metadata.name, ns).metadata.deletion_timestamp, 300, 1)
+    finally:
+        back = cluster_sh("restore", "2", timeout=400)
+        assert back.returncode == 0, back.stderr
+    assert _node_ready(two, NODE2)
+
+    def next_attempt():
+        now = [p for p in two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items
+               if p.metadata.name not in old and p.status.phase in ("Pending", "Running")
+               and not p.metadata.deletion_timestamp]
+        attempts = {p.metadata.labels.get(L.ATTEMPT) for p in now}
+        return len(now) == 2 and len(attempts) == 1 and now
+    try:
+        wait_until("node 2's old pod gone (its kubelet confirmed the eviction)", lambda: on2.metadata.name not in {
+            p.metadata.name for p in two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items}, 120, 1)
+        new = wait_until("the Job's two replacement pods, of one attempt", next_attempt, 600, 2)
+        attempt = int(new[0].metadata.labels[L.ATTEMPT])
+        new = {p.spec.node_name: p for p in (wait_training(two, ns, p.metadata.name) for p in new)}
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_job_pods_said(two, ns)}") from None
+    assert attempt >= 1 and set(new) == {NODE, NODE2}, [(p.metadata.name, n) for n, p in new.items()]
+    want = L.coordinator_name(JOB, attempt)
+    wait_until(f"attempt {attempt}'s CaptureCoordinator", lambda: want in {
+        c["metadata"]["name"] for c in custom.list_namespaced_custom_object(L.GROUP, L.VERSION, ns, L.PLURAL)["items"]
+        if not c["metadata"].get("deletionTimestamp")}, 300, 2)
+    again = wait_converged(two, start_capture(two, ns, 1500, timeout=600))
+    assert (again["attempt"], again["counts"]) == (attempt, {"archived": 4}), _targets(again) + _kineto_said(two, ns, new)
+    assert f"/{ns}/{JOB}/{attempt}/" in again["manifest_uri"], again["manifest_uri"]
+    print(f"[lost-node] attempt {attempt}: capture {again['capture_id']} archived all four")
 
 
 def test_the_two_node_loop_ran_without_a_403(two, ddp):

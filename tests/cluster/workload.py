@@ -41,7 +41,8 @@ def torch_site() -> str:
 
 
 def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0,
-                control_dir: str | None = None, nodes: int = 1, image_pythonpath: bool = False) -> dict:
+                control_dir: str | None = None, nodes: int = 1, image_pythonpath: bool = False,
+                lost_node_after_s: int | None = None) -> dict:
     """Job `trainer`: one pod, torchrun with two workers of the demo trainer (each steps forever).
 
     `fail_attempt_0`: the container first runs FAIL_ATTEMPT_0 (with `backoff_limit` >= 1 the Job
@@ -51,7 +52,9 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     anti-affinity), one torchrun world of 2 x `nodes` ranks found through the PEERS Service
     (trainer_peers_service; FIND_PEERS), its gloo all-reduce crossing the nodes every step.
     `image_pythonpath`: the pod sets no PYTHONPATH; `image` must name torch's folder in its own
-    `ENV PYTHONPATH` (conftest.own_pythonpath_image)."""
+    `ENV PYTHONPATH` (conftest.own_pythonpath_image). `lost_node_after_s`: the pods tolerate an
+    unreachable or not-ready node that long, then Kubernetes evicts them (its default is 300 s;
+    training jobs set less, so that a lost node's pod is replaced instead of waited for)."""
     from gpulens.exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
@@ -81,10 +84,12 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
         command = ["sh", "-c", FAIL_ATTEMPT_0, "sh", *command]
     spread = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {"job-name": JOB}}, "topologyKey": "kubernetes.io/hostname"}]}}}
+    tolerate = {"tolerations": [{"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": "NoExecute",
+                                 "tolerationSeconds": lost_node_after_s} for t in ("unreachable", "not-ready")]}
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": JOB},
         "spec": {"backoffLimit": backoff_limit, "parallelism": nodes, "completions": nodes, "template": {"spec": {
-            **(spread if nodes > 1 else {}),
+            **(spread if nodes > 1 else {}), **(tolerate if lost_node_after_s is not None else {}),
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
             "containers": [{
                 "name": "trainer", "image": image, "imagePullPolicy": "Never", "command": command,
@@ -105,18 +110,38 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
 #: The headless Service a multi-node trainer's pods find each other by (its endpoints: their IPs).
 PEERS = f"{JOB}-peers"
 #: Run by each pod of a multi-node trainer before torchrun: waits until the PEERS Service lists
-#: NNODES addresses, its own among them, and prints its node rank (its place in the sorted list)
-#: and the master address (the first), which every pod computes alike: torchrun's static
-#: rendezvous without an indexed Job (Kubernetes 1.20 has none) or an operator.
+#: NNODES live addresses, its own among them, and prints its node rank (its place in the sorted
+#: list) and the master address (the first), which every pod computes alike: torchrun's static
+#: rendezvous without an indexed Job (Kubernetes 1.20 has none) or an operator. Live: the address
+#: answers on the rendezvous port, a refusal included (a pod still finding its peers listens on
+#: nothing). Kubernetes 1.20 lists a Failed pod's address in a Service that publishes not-ready
+#: addresses, and a lost node's pod's until its kubelet is back: counted, they made the Job's
+#: replacements after a lost node (test_two_node) wait for a third peer, or one take a dead pod
+#: for its master.
 FIND_PEERS = """
 import os, socket, sys, time
 me, n = os.environ["POD_IP"], int(os.environ["NNODES"])
 host = "%s.%s.svc.cluster.local" % ("PEERS", os.environ["POD_NAMESPACE"])
+
+def alive(ip):
+    s = socket.socket()
+    s.settimeout(1.5)
+    try:
+        s.connect((ip, 29500))
+        return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
 for _ in range(1200):
     try:
         ips = sorted({a[4][0] for a in socket.getaddrinfo(host, None, socket.AF_INET)})
     except OSError:
         ips = []
+    ips = [ip for ip in ips if ip == me or alive(ip)]
     if len(ips) == n and me in ips:
         print(ips.index(me), ips[0])
         sys.exit(0)
