@@ -466,7 +466,6 @@ cmd_lose() {  # node K as a machine that crashed: PID 1 of its PID namespace kil
   p1=$(node_pid1 "$k") && [ -n "$p1" ] || die "node $NNAME is not running (lost already?)"
   kill -9 "$p1"
   wait_for 30 "node-$k PID namespace to end" bash -c "! kill -0 $p1 2>/dev/null"
-  rm -f "$NRUN/started"
   say "node $NNAME lost: its containerd, kubelet, kube-proxy and pods' processes are gone; network, disk, cgroups kept"
 }
 cmd_restore() {  # node K boots again: the same state folders, network and cgroup parent

@@ -16,10 +16,10 @@ from typing import Any, Callable, Mapping
 from gpulens.ground.logs import get_logger
 
 from ..wire import labels as L
+from .captures_probe import in_flight
 from .config import OperatorConfig
 from .jobs import JobRef
 from .kube import KubeApi, KubeError
-from .captures_probe import in_flight
 from .manifests import (coordinator_pod, coordinator_role_binding, coordinator_service, coordinator_service_account,
                         copied_secret, owner_reference_to)
 from .planning import JobPlan, coordinator_status, coordinators_by_job, group_pods, plan_job, summarize_captures

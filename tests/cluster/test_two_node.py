@@ -32,7 +32,7 @@ from gpulens.capture.wire import labels as L
 from .conftest import (REUSE, S3, Grafana, grafana_server, load_gpulens_image, load_toolbox, restart_release_pods,
                        s3_server)
 from .harness import (BB, KUBECONFIG, NODE, NODE2, NODE2_IP, NS, REPO, STATE, TOOLBOX, cluster_sh, down, forbidden_in_logs,
-                      machine_diff, machine_state, node_count, pod_log, readme_install, sysctls_changed_by_others,
+                      machine_diff, machine_state, node_count, pod_log, pod_logs, readme_install, sysctls_changed_by_others,
                       up, wait_until)
 from .workload import (JOB, PEERS, armed_namespace, call, capture_status, gateway, start_capture, trainer_job,
                        trainer_peers_service, wait_converged, wait_training)
@@ -170,6 +170,7 @@ def test_host_path_pid_and_cgroups_are_the_nodes_own(two, namespace):
 # --- the smoke test: the chart on two nodes, four ranks, one capture, one manifest (issue 33) -----
 
 NODE_SEL = "app.kubernetes.io/component=node"
+OPERATOR_SEL = "app.kubernetes.io/component=operator"
 COORDINATOR_PODS = "app.kubernetes.io/component=coordinator"
 
 
@@ -463,8 +464,7 @@ def test_a_lost_node_costs_its_ranks_and_the_next_attempt_gets_its_own_coordinat
         try:
             done = wait_converged(two, cid, timeout=400)
         except AssertionError as exc:
-            ops = [p.metadata.name for p in two.list_namespaced_pod(NS).items if "operator" in p.metadata.name]
-            said = "\n".join(ln for o in ops for ln in pod_log(two, NS, o, None).splitlines() if "coordinator." in ln)
+            said = "\n".join(ln for ln in pod_logs(two, NS, OPERATOR_SEL).splitlines() if "coordinator." in ln)
             raise AssertionError(f"{exc}\n{json.dumps(capture_status(two, cid))[:3000]}\n{said[-3000:]}") from None
         states: dict[str, set] = {NODE: set(), NODE2: set()}
         for t in done["targets"]:
@@ -477,6 +477,12 @@ def test_a_lost_node_costs_its_ranks_and_the_next_attempt_gets_its_own_coordinat
         named = sorted([a["rank"] for a in manifest["artifacts"]] + [f["rank"] for f in manifest["failures"]])
         assert named == [0, 1, 2, 3] and all(f["reason"] for f in manifest["failures"]), manifest["failures"]
         print(f"\n[lost-node] capture {cid}: " + _targets(done).replace("\n", "\n[lost-node] "))
+        # node 1's pod failed within seconds and the Job replaced it (attempt 1) long before this
+        # capture's deadline: the old coordinator was kept until the capture converged (drained)
+        old_cc = L.coordinator_name(JOB, 0)
+        assert any("event=coordinator.draining" in ln and f"coordinator={old_cc} " in f"{ln} "
+                   for ln in pod_logs(two, NS, OPERATOR_SEL).splitlines()), "the operator never drained " + old_cc
+        assert done["attempt"] == 0, done
         wait_until(f"{NODE2} NotReady", lambda: not _node_ready(two, NODE2), 120, 1)
         (on1,) = [p for p in old.values() if p.spec.node_name == NODE]
         wait_until("node 1's trainer pod failed (its world broke)", lambda: two.read_namespaced_pod(
