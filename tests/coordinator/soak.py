@@ -37,7 +37,6 @@ from gpulens.capture.coordinator import DeadlinePolicy, FanoutSettings
 from gpulens.capture.coordinator.service import CaptureBusy
 from gpulens.capture.models import CaptureReason, CaptureRequest
 from gpulens.hooks import hook_path
-from tests.conftest import free_port
 from tests.coordinator.conftest import AGENT_TOKEN, make_coordinator
 from tests.coordinator.servers import GpulensProcess
 from tests.netnodes import NetNode, NodeNetwork
@@ -50,6 +49,12 @@ POLICY = DeadlinePolicy(start_delay_s=12.0, dispatch_s=3.0, write_s=4.0, write_p
 #: that still held an earlier config): anything else is a false or unexplained failure
 PROVEN = {"missed_start", "busy_timeout"}
 
+#: Fixed ports inside each node's own network namespace, below its ephemeral range (32768-60999):
+#: a port the host found free (tests.conftest.free_port) was taken in the node by then, once, by an
+#: ephemeral socket of the ranks started before the agent (CI-way run: "address already in use").
+AGENT_PORT = 9451       # the chart's agent port
+MASTER_PORT = 29500     # torch's default rendezvous port
+
 
 class SoakNode:
     def __init__(self, name: str, base: Path, archive: Path, net: NetNode):
@@ -57,7 +62,7 @@ class SoakNode:
         for d in ("reg", "traces", "state"):
             (self.base / d).mkdir(parents=True)
             os.chmod(self.base / d, 0o1777)
-        self.port = free_port()
+        self.port = AGENT_PORT
         self.url = f"http://{net.ip}:{self.port}"
         self.trainers: list[subprocess.Popen] = []
         self.logs: list[Path] = []
@@ -257,7 +262,7 @@ class Soak:
         token.write_text(AGENT_TOKEN)
         self.net = NodeNetwork(2)
         self.nodes = [SoakNode(f"node-{i + 1}", self.base, self.archive, n) for i, n in enumerate(self.net.nodes)]
-        port = free_port()
+        port = MASTER_PORT
         for i, node in enumerate(self.nodes):
             for local in (0, 1):
                 node.start_rank(2 * i + local, local, 4, self.nodes[0].net.ip, port, self.stop_file, self.step_s)
