@@ -32,7 +32,8 @@ from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
-from . import start_rules
+from . import hang_capture, start_rules
+from .hang_evidence import collect_hang_evidence
 from .space import NodeDisk, NodeReservations, artifact_sizes
 from .steps import StepLog, StepsUnreadable
 from .store import FinalStatusConflict, StatusStore, StoreWriteFailed, TargetRecord
@@ -64,6 +65,8 @@ class PipelineSettings:
     kineto_poll_s: float = 5.0           # Kineto polls for configs this often
     archive_policy: RetryPolicy = field(default_factory=RetryPolicy)
     disk: NodeDisk | None = None    # issue 27: free-space guard and gzip staging (None: defaults under the state dir)
+    socket_dir: Path | None = None  # issue 45: the agent's --socket-dir, where the hooks' Flight Recorder sockets are
+    flight_timeout_s: float = 10.0  # issue 45: how long a hook may take to answer (a GIL-holding rank never does)
 
 
 def archive_key(archive_root: str, archive_prefix: str, target_id: str, suffix: str = ".json.gz", *,
@@ -142,6 +145,8 @@ class Pipeline:
             state = rec.status.state
             if rec.cancelled and state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
                 self._fail(rec, R.CANCELLED, "cancelled before the config was queued")
+            elif rec.spec.kind == "hang":
+                await self._hang(rec, log)   # one step: asked, read, checked, archived (again after a restart)
             elif state in (S.PENDING, S.DISPATCHED, S.NOT_MATCHED, S.WAITING_FOR_SLOT):
                 await self._trigger(rec, log)
             elif state is S.QUEUED_BY_DYNOLOG:
@@ -580,6 +585,51 @@ class Pipeline:
         if verdict.get("unstaged"):
             note += f"; {verdict['unstaged']}"
         self._set(rec, S.ARCHIVED, f"archived to {uri}{note}")  # the local copy goes only once this is on disk (run)
+
+    # --- a hang capture: the rank's evidence, no Kineto (issue 45) -------------------------------
+
+    async def _hang(self, rec: TargetRecord, log) -> None:
+        spec = rec.spec
+        worker = await self._find_worker(rec)
+        if worker is None:
+            return self._fail(rec, R.NOT_REGISTERED, f"no registration record for job {spec.job_id} attempt "
+                                                     f"{spec.attempt} rank {spec.rank} on node {self.s.node}")
+        if not worker.alive:
+            return self._fail(rec, R.PROCESS_GONE, f"rank {spec.rank} (pid {worker.record.pid} in "
+                                                   f"{worker.record.pid_namespace}) is no longer running")
+        rec.worker = worker.to_dict()
+        if rec.status.state is S.PENDING:
+            self._set(rec, S.DISPATCHED, "asking the rank's hook for its Flight Recorder dump, then reading its stacks")
+        target = hang_capture.hang_target(rec.capture_id, rec.target_id, spec.rank, worker,
+                                          trace_view=self._watch_dir(worker), socket_dir=self.s.socket_dir)
+        doc = await collect_hang_evidence(target, flight_timeout_s=self.s.flight_timeout_s)
+        log.info("hang.evidence", rank=spec.rank, dump=doc["flight_recorder"]["reason"] or "taken",
+                 stacks=doc["stacks"]["reason"] or "taken", seconds=doc["seconds"])
+        missing = hang_capture.nothing_taken(doc)
+        if missing:
+            return self._fail(rec, R.NO_HANG_EVIDENCE, missing)
+        data, sha = hang_capture.evidence_bytes(doc)
+        self.disk.staging_dir.mkdir(parents=True, exist_ok=True)
+        local = self.disk.staging_dir / f"{rec.capture_id}.{rec.target_id}.hang.json"
+        try:
+            local.write_bytes(data)
+        except OSError as exc:
+            return self._fail(rec, R.NO_DISK_SPACE if exc.errno == 28 else R.INTERNAL_ERROR,
+                              f"the hang evidence ({len(data)} bytes) could not be staged at {local}: {exc}")
+        key = archive_key(self.s.archive_root, spec.archive_prefix, rec.target_id, hang_capture.HANG_SUFFIX,
+                          tag=hang_capture.HANG_TAG)
+        try:
+            uri = await put_file_retrying(self.archive, local, key, policy=self.s.archive_policy)
+        except ArchiveError as exc:
+            return self._fail(rec, R.ARCHIVE_FAILED, f"the hang evidence could not be archived: {exc}")
+        finally:
+            local.unlink(missing_ok=True)
+        rec.status.artifact = Artifact(
+            target_id=rec.target_id, rank=spec.rank, local_rank=int(worker.record.local_rank),
+            node=self.s.node, pod=worker.record.pod or spec.pod or "", pid=worker.record.pid,
+            attempt=spec.attempt, uri=uri, size=len(data), sha256=sha, trace_id=None,
+            worker_rank=spec.worker_rank, kind="hang_evidence")
+        self._set(rec, S.ARCHIVED, f"hang evidence archived to {uri}: {hang_capture.describe(doc)}")
 
     # --- after the end: a late trace is archived, never lost ------------------------------------
 

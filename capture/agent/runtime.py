@@ -117,7 +117,8 @@ async def start_agent(o: AgentOptions) -> RunningAgent:
                                     retry_interval_s=o.retry_interval_s, keep_local=o.keep_local,
                                     archive_policy=o.archive_policy,
                                     disk=NodeDisk(Path(o.state_dir) / "staging", compress_level=o.compress_level,
-                                                  min_free_bytes=o.min_free_mb << 20))
+                                                  min_free_bytes=o.min_free_mb << 20),
+                                    socket_dir=Path(o.socket_dir) if o.socket_dir else None)
         pipeline = Pipeline(settings, registry=registry, trigger=trigger, store=store, observer=observer,
                             verify_pool=pool, archive=archive, metrics=metrics)
         agent = Agent(pipeline=pipeline, store=store, registry=registry, archive_root=o.archive_root,

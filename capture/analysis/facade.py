@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from gpulens.capture.archive import join_uri
+from gpulens.capture.archive import REPORT_KEY, SUMMARY_KEY, join_uri
 from gpulens.ground.logs import EventLogger, get_logger
 
 from .analyses import DEFAULT_ANALYSES, Analysis
@@ -28,8 +28,6 @@ from .trace_inspection import DEFAULT_MAX_TRACE_BYTES
 
 __all__ = ["AnalyzeOptions", "AnalysisRun", "analyze_manifest", "SUMMARY_KEY", "REPORT_KEY"]
 
-SUMMARY_KEY = "analysis/summary.json"
-REPORT_KEY = "analysis/report.html"
 
 
 @dataclass(frozen=True)
@@ -66,6 +64,9 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
     log.info("manifest.read", uri=manifest_uri, expected=len(m.expected_targets), artifacts=len(m.artifacts),
              failures=len(m.failures))
     summary_uri, report_uri = _output_uris(source, options)
+    from .hang_analysis import is_hang_capture
+    if is_hang_capture(source):
+        return _analyze_hang(source, options, summary_uri, report_uri, log)
     analyses = list(analyses)
     from . import baselines
     is_baseline = baselines.is_baseline(m.request)
@@ -90,6 +91,19 @@ def analyze_manifest(manifest_uri: str, options: AnalyzeOptions = AnalyzeOptions
         baselines.record(source.capture_prefix, summary, log, **archive_options)
     log.info("analysis.written", status=summary["status"], report_uri=report_uri, summary_uri=summary_uri,
              analysed_ranks=summary["counts"]["analysed"])
+    return AnalysisRun(summary, summary_uri, report_uri)
+
+
+def _analyze_hang(source: ManifestInput, options: AnalyzeOptions, summary_uri: str, report_uri: str,
+                  log: EventLogger) -> AnalysisRun:
+    """A hang capture: every rank's evidence document, reduced to who holds the others up (issue 45)."""
+    from .hang_analysis import hang_summary
+    from .hang_report_html import render_hang_report
+    summary = hang_summary(source, summary_uri, report_uri, log)
+    _write(source, options, REPORT_KEY, render_hang_report(summary).encode(), "text/html; charset=utf-8")
+    _write(source, options, SUMMARY_KEY, summary_json(summary), "application/json")
+    log.info("analysis.written", status=summary["status"], report_uri=report_uri, summary_uri=summary_uri,
+             analysed_ranks=summary["counts"]["analysed"], kind="hang")
     return AnalysisRun(summary, summary_uri, report_uri)
 
 

@@ -130,7 +130,7 @@ def hang_report(dumps: dict[int, dict], world_size: int | None = None, where: di
                            "mismatches": mismatches, "ranks": {str(r): v for r, v in per_rank.items()}})
     return {"ranks_with_dumps": sorted(dumps), "ranks_without_dumps": missing_dumps, "groups": out_groups,
             "ranks_with_stacks": sorted(now), "now_at": {str(r): w for r, w in sorted(now.items())},
-            "verdict": _verdict(out_groups, missing_dumps, where or {}, now)}
+            **_finding(out_groups, missing_dumps, where or {}, now)}
 
 
 def evidence_report(evidence: list[dict], world_size: int | None = None, where: dict[int, str] | None = None) -> dict:
@@ -167,7 +167,23 @@ def _mismatches(calls: list[Call]) -> list[dict]:
     return out
 
 
-def _verdict(groups: list[dict], missing_dumps: list[int], where: dict[int, str], now: dict[int, str]) -> str:
+def _finding(groups: list[dict], missing_dumps: list[int], where: dict[int, str], now: dict[int, str]) -> dict:
+    """`verdict`: the one line; `finding`: the same in fields (kind, the suspect ranks, the group,
+    collective and sequence id, each suspect's last collective frame and where it is now)."""
+    line, kind, ranks, g = _verdict(groups, missing_dumps, where, now)
+    finding: dict = {"kind": kind, "ranks": ranks, "group": None, "op": None, "seq": None, "ops": None, "frames": {},
+                     "now_at": {str(r): now[r] for r in ranks if r in now}}
+    if g is not None:
+        finding.update(group=g["group"], op=g["op"], seq=g["frontier_seq"],
+                       frames={str(r): g["ranks"][str(r)]["frame"] for r in ranks if str(r) in g["ranks"]})
+        if kind == "desync":
+            m = g["mismatches"][0]
+            finding.update(seq=m["seq"], op=None, ops={r: c["op"] for r, c in m["calls"].items()})
+    return {"verdict": line, "finding": finding}
+
+
+def _verdict(groups: list[dict], missing_dumps: list[int], where: dict[int, str], now: dict[int, str]
+             ) -> tuple[str, str, list[int], dict | None]:
     def at(r: int) -> str:
         return f"rank {r}" + (f" ({where[r]})" if r in where else "")
 
@@ -178,25 +194,28 @@ def _verdict(groups: list[dict], missing_dumps: list[int], where: dict[int, str]
         if g["mismatches"]:
             m = g["mismatches"][0]
             ops = "; ".join(f"rank {r} calls {c['op']} {c['input_sizes']}" for r, c in m["calls"].items())
-            return (f"process group {g['group']}: the ranks disagree at collective_seq_id {m['seq']}: {ops}")
+            return (f"process group {g['group']}: the ranks disagree at collective_seq_id {m['seq']}: {ops}",
+                    "desync", sorted(int(r) for r in m["calls"]), g)
     for g in groups:
         if g["waiting"] and g["behind"]:
             lagging = ", ".join(at(r) for r in g["behind"])
             frames = "; ".join(f"rank {r} last at {g['ranks'][str(r)]['frame'] or 'an unknown frame'} "
                                f"(collective_seq_id {g['ranks'][str(r)]['last_entered']})" for r in g["behind"])
             return (f"{lagging} never entered {g['op']} collective_seq_id {g['frontier_seq']} of process group "
-                    f"{g['group']}, which ranks {g['waiting']} wait in; {frames}{is_now(g['behind'])}")
+                    f"{g['group']}, which ranks {g['waiting']} wait in; {frames}{is_now(g['behind'])}",
+                    "never_entered", list(g["behind"]), g)
     if missing_dumps:
         waited = next((g for g in groups if g["waiting"]), None)
         if waited is not None and any(r in now for r in missing_dumps):
             # a rank that wrote no dump while the others wait: the likeliest holder, and its stack says where
             return (f"{', '.join(at(r) for r in missing_dumps)} wrote no Flight Recorder dump while ranks "
                     f"{waited['waiting']} wait in {waited['op']} collective_seq_id {waited['frontier_seq']} of process "
-                    f"group {waited['group']}{is_now(missing_dumps)}")
+                    f"group {waited['group']}{is_now(missing_dumps)}", "no_dump", list(missing_dumps), waited)
         return (f"no Flight Recorder dump from ranks {missing_dumps}: the rank that holds the others up may be among "
-                f"them{is_now(missing_dumps)}")
+                f"them{is_now(missing_dumps)}", "no_dump", list(missing_dumps), None)
     for g in groups:
         if g["waiting"]:
             return (f"every rank entered {g['op']} collective_seq_id {g['frontier_seq']} of process group {g['group']} "
-                    f"and none completed it: the collective itself is stuck (network or device), not a rank")
-    return "no collective is pending on any rank: not a collective hang"
+                    f"and none completed it: the collective itself is stuck (network or device), not a rank",
+                    "stuck_collective", [], g)
+    return "no collective is pending on any rank: not a collective hang", "no_pending_collective", [], None

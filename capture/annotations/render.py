@@ -28,6 +28,8 @@ def capture_tags(status: dict[str, Any]) -> tuple[str, ...]:
         tags.append(f"diagnosis:{reason['diagnosis']}")
     if reason.get("alertname"):
         tags.append(f"alert:{reason['alertname']}")
+    if status.get("kind") == "hang":
+        tags.append("hang")
     if status.get("alert_resolved_at"):
         tags.append("resolved")
     return tuple(tags)
@@ -53,9 +55,13 @@ def capture_annotation(status: dict[str, Any], *, archive_root: str, base_url: s
         parts.append(f"Converged: {verdict}.")
     elif phase == "failed":
         parts.append(f"Could not run: {e(str(status.get('error') or 'unknown error'))}.")
+    elif status.get("kind") == "hang":
+        parts.append(f"Reading the Flight Recorder and stacks of {expected} ranks …")
     else:
         parts.append(f"Capturing {int(status.get('duration_ms') or 0)} ms on {expected} ranks …")
     analysis = status.get("analysis") or {}
+    if analysis.get("verdict"):
+        parts.append(f"<b>{e(str(analysis['verdict']))}</b>")
     report = report_link(status.get("report_uri"), archive_root, base_url)
     if report:
         parts.append(f'<a href="{e(report, quote=True)}" target="_blank">report</a>')

@@ -8,7 +8,7 @@ overwrite another job's captures through a crafted key, plain or percent-encoded
 
 from .base import ArchiveError, ArchiveStore
 from .opening import open_archive
-from .paths import archive_path, join_uri, resolve, under_prefix
+from .paths import REPORT_KEY, SUMMARY_KEY, archive_path, join_uri, resolve, under_prefix
 from .retrying import RetryPolicy, put_file_retrying
 
-__all__ = ["ArchiveError", "ArchiveStore", "archive_path", "join_uri", "open_archive", "resolve", "under_prefix", "RetryPolicy", "put_file_retrying"]
+__all__ = ["REPORT_KEY", "SUMMARY_KEY", "ArchiveError", "ArchiveStore", "archive_path", "join_uri", "open_archive", "resolve", "under_prefix", "RetryPolicy", "put_file_retrying"]

@@ -17,9 +17,14 @@ from urllib.parse import unquote, urlsplit
 
 from .base import ArchiveError
 
-__all__ = ["ArchivePath", "archive_path", "under_prefix", "resolve", "join_uri", "host_dir", "SCHEMES"]
+__all__ = ["ArchivePath", "archive_path", "under_prefix", "resolve", "join_uri", "host_dir", "SCHEMES",
+           "SUMMARY_KEY", "REPORT_KEY"]
 
 SCHEMES = ("file", "s3")
+#: where `gpulens analyze` writes a capture's outputs, under the folder of its manifest: the
+#: coordinator reads the summary's verdict from there and links the report, wherever analysis ran
+SUMMARY_KEY = "analysis/summary.json"
+REPORT_KEY = "analysis/report.html"
 _MAX_DECODES = 4  # a segment still changing after this many decodings is refused outright
 
 

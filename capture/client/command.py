@@ -87,6 +87,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--budget-mb", type=int, metavar="MIB",
                        help="uncompressed trace MiB each rank may write (default: the coordinator's, 200); iterations, "
                             "window and payload options are fitted to it, or the capture is refused with the estimate")
+    start.add_argument("--hang", action="store_true",
+                       help="a hang capture: every rank's Flight Recorder dump (its last collectives) and every "
+                            "thread's Python stack, for a job that stalled; the report names the rank that holds "
+                            "the others up (no Kineto window: --duration-ms and --iterations do not apply)")
     start.add_argument("--baseline", action="store_true",
                        help="a healthy reference capture: later reports of the job compare with it")
     start.add_argument("--activities", help="comma list of Kineto activity types (default: cpu_op,user_annotation,"
@@ -220,6 +224,9 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
         return _fail(Problem(EXIT_USAGE, "--replicas takes any replicas; with --pod use --peers",
                              "pass --pod POD --peers N, or --replicas N without --pod"))
     serving = bool(args.workload or args.peers is not None or args.replicas is not None)
+    if args.hang and (args.iterations or args.baseline or serving):
+        return _fail(Problem(EXIT_USAGE, "--hang reads each rank as it is now: it takes no --iterations, --baseline, "
+                                         "--workload, --peers or --replicas", "pass --hang with --job (or --pod) only"))
     capture_id = args.capture_id or new_capture_id()   # picked before sending: a retry can repeat it
     ctx = replace(ctx, capture_id=capture_id)
     duration_ms = args.duration_ms or (30_000 if args.iterations else 2000)
@@ -235,7 +242,8 @@ async def _start(args: argparse.Namespace, api, ctx) -> int:
         activities=activities or DEFAULT_CPU_ACTIVITIES,
         # a serving capture names its replica in the request (the coordinator targets it) rather than
         # routing by it: the gateway finds the revision from --workload and the pod's name
-        pods=(args.pod,) if serving and args.pod else (), peers=args.peers, replicas=args.replicas).to_dict()
+        pods=(args.pod,) if serving and args.pod else (), peers=args.peers, replicas=args.replicas,
+        kind="hang" if args.hang else "trace").to_dict()
     if not args.job:
         del request["job_id"]
     try:

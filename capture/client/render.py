@@ -62,6 +62,8 @@ def format_status(status: dict[str, Any]) -> str:
                      + (f"  {report}" if report else ""))
     elif report:
         lines.append(f"report    {report}")
+    if analysis.get("verdict"):
+        lines.append(f"verdict   {analysis['verdict']}")
     annotation = status.get("annotation") or {}
     if annotation.get("state") not in (None, "disabled"):
         lines.append(f"annotation {annotation.get('state')} ({annotation.get('sink')})"

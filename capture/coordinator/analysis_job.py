@@ -15,7 +15,7 @@ instead of starting a second. The outcome means what the child process's does (e
 (its terminated container state); the container's termination message (the kubelet fills it from
 the log tail on error, `FallbackToLogsOnError`) gives the failure's last line, so no `pods/log`
 access is needed. The report URI is the deterministic `<capture prefix>/analysis/report.html` that
-`gpulens analyze` writes without `--out` (gpulens.capture.analysis REPORT_KEY): the pod's log interleaves
+`gpulens analyze` writes without `--out` (gpulens.capture.archive REPORT_KEY): the pod's log interleaves
 stderr after the URI line (exit 3), needs one more RBAC verb, and is gone once the pod is collected.
 
 The API is reached with the same `kubernetes` client (in-cluster ServiceAccount token and CA)
@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from gpulens.capture.archive import REPORT_KEY
 from gpulens.ground.logs import get_logger
 
 __all__ = ["AnalysisJobRunner", "AnalysisJobSpec", "OwnerRef", "analysis_job", "analysis_job_name", "report_uri_of",
@@ -40,7 +41,6 @@ __all__ = ["AnalysisJobRunner", "AnalysisJobSpec", "OwnerRef", "analysis_job", "
 log = get_logger("coordinator")
 
 CONTAINER = "analyze"
-REPORT_KEY = "analysis/report.html"     # gpulens.capture.analysis.REPORT_KEY (a test keeps them equal)
 TMP_MOUNT = "/tmp"
 # Kubernetes's own deadline is the backstop (a coordinator that is gone): it comes later than the
 # coordinator's, which still sees the pod and can say why it never finished. With equal deadlines

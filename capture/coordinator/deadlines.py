@@ -35,6 +35,7 @@ class DeadlinePolicy:
     report_s: float = 10.0          # agent deadline -> coordinator deadline (a few polls)
     max_start_delay_s: float = 120.0
     kineto_poll_s: float = 5.0      # the trainer polls for configs this often: traces start 0..5 s apart
+    hang_evidence_s: float = 30.0   # issue 45: the hook's dump (a bounded 10 s wait) + py-spy's read (a bounded 10 s)
 
     def compute(self, requested_at: float, duration_ms: int, observed_start_delay_s: float | None = None, *,
                 starts_at: float | None = None) -> Deadlines:
@@ -50,6 +51,12 @@ class DeadlinePolicy:
             agent = max(agent, starts_at + window + self.write_s + self.write_per_window * window + self.archive_s)
             quiet = max(quiet, starts_at + window)
         return Deadlines(requested_at, agent, agent + self.report_s, quiet)
+
+    def compute_hang(self, requested_at: float) -> Deadlines:
+        """A hang capture has no Kineto in its path: each agent asks its ranks' hooks and reads their
+        stacks at once, each with a bounded wait, then archives one small document a rank."""
+        agent = requested_at + self.dispatch_s + self.hang_evidence_s + self.archive_s
+        return Deadlines(requested_at, agent, agent + self.report_s, requested_at)
 
 
 @dataclass

@@ -56,7 +56,7 @@ def dispatch_for(record: CaptureRecord, p: TargetProgress) -> Dispatch:
                     requested_at=record.requested_at, options=r.options, iterations=r.iterations,
                     iteration_roundup=roundup, start_iteration=record.start_iteration if r.iterations else None,
                     start_time_ms=None if r.iterations else record.start_time_ms,
-                    budget=record.budget.budget if record.budget else None, worker_rank=t.worker_rank)
+                    budget=record.budget.budget if record.budget else None, worker_rank=t.worker_rank, kind=r.kind)
 
 
 _OVERDUE = {
@@ -101,7 +101,8 @@ class AgentWorker:
         if self.record.update(status.target_id, status.state, status.reason, status.detail, status.artifact):
             self.log.info("target.state", target_id=status.target_id, state=status.state.value,
                           reason=status.reason.value if status.reason else None)
-        if (self.delays is not None and before != TargetState.TRACE_OBSERVED and p.dispatched_at
+        if (self.delays is not None and not self.record.request.is_hang   # no Kineto in a hang capture's path
+                and before != TargetState.TRACE_OBSERVED and p.dispatched_at
                 and status.state in (TargetState.TRACE_OBSERVED, TargetState.VERIFIED, TargetState.ARCHIVED)):
             self.delays.observe(time.time() - p.dispatched_at - self.record.request.duration_ms / 1000.0)
 

@@ -185,6 +185,8 @@ class CaptureRecord:
             "alert_resolved_at": self.alert_resolved_at,
             "expected": len(self.targets), "counts": self.counts(),
         }
+        if self.request.is_hang:
+            out["kind"] = "hang"
         if self.request.iterations:
             out["start_iteration"] = self.start_iteration
         elif self.start_time_ms is not None:

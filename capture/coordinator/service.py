@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpulens.capture.annotations import AnnotationSink, AnnotationSync, capture_annotation
-from gpulens.capture.archive import ArchiveError, ArchiveStore, open_archive
+from gpulens.capture.archive import SUMMARY_KEY, ArchiveError, ArchiveStore, join_uri, open_archive
 from gpulens.capture.dynolog import tick_aligned_start_ms
+from gpulens.capture.wire import limits
 from gpulens.capture.models import CaptureReason, CaptureRequest, FailureReason, StepReading, TargetState, new_capture_id
 from gpulens.ground.logs import get_logger
 
@@ -151,12 +152,18 @@ class Coordinator:
         active = self.active()
         if active is not None:
             raise CaptureBusy(active)
-        try:
-            plan = plan_budget(request, default_mb=s.budget_mb, measured=self._measured())
-        except BudgetRefused as exc:
-            raise RequestMismatch("budget_mb", str(exc)) from exc
+        if request.is_hang and (request.iterations or s.serving):
+            raise RequestMismatch("kind", "a hang capture reads each rank's Flight Recorder and stacks as they are "
+                                          "now: it takes no iterations, and a serving workload has no collectives")
+        plan = None
+        if not request.is_hang:   # a hang capture writes no trace: its evidence is a few MB a rank at most
+            try:
+                plan = plan_budget(request, default_mb=s.budget_mb, measured=self._measured())
+            except BudgetRefused as exc:
+                raise RequestMismatch("budget_mb", str(exc)) from exc
+            request = plan.request
         capture_id = request.capture_id or new_capture_id()
-        request = replace(plan.request, capture_id=capture_id, attempt=s.attempt)
+        request = replace(request, capture_id=capture_id, attempt=s.attempt)
         record = CaptureRecord(capture_id, request, s.namespace, s.job_id, s.attempt)
         record.budget = plan
         record.archive_prefix = capture_prefix(s.archive_root, s.namespace, s.job_id, s.attempt, capture_id)
@@ -165,9 +172,10 @@ class Coordinator:
         self._evict()
         self.log.info("capture.accepted", capture_id=capture_id, requested_by=request.requested_by,
                       reason=request.reason.kind, fingerprint=request.reason.fingerprint,
-                      budget_mb=request.budget_mb, estimate_bytes=plan.budget.estimate_bytes,
-                      changes="; ".join(plan.changes) or None)
-        if plan.changes:
+                      kind=request.kind, budget_mb=request.budget_mb,
+                      estimate_bytes=plan.budget.estimate_bytes if plan else None,
+                      changes="; ".join(plan.changes) if plan and plan.changes else None)
+        if plan is not None and plan.changes:
             record.note("budget", **plan.to_dict())
         self._tasks[capture_id] = asyncio.create_task(self._run(record), name=f"capture-{capture_id}")
         return record, True
@@ -266,7 +274,9 @@ class Coordinator:
             clog.info("capture.prepared", targets=len(snapshot.targets), dispatchable=len(snapshot.dispatchable),
                       world_size=snapshot.world_size)
             window_ms = record.request.duration_ms
-            if record.request.iterations:
+            if record.request.is_hang:
+                starts_at = None    # no Kineto window: each agent asks its ranks' hooks and reads their stacks now
+            elif record.request.iterations:
                 plan = await self._plan_start(record)
                 record.start_iteration = plan.iteration
                 record.note("start_iteration", iteration=plan.iteration, detail=plan.detail)
@@ -286,7 +296,10 @@ class Coordinator:
                                    f"(poll + warm-up + slack), on the phase of Kineto's 1 s tick where the "
                                    f"job's last window ended")
                 clog.info("capture.start_time", start_time_ms=record.start_time_ms)
-            d = self.settings.deadlines.compute(time.time(), window_ms, self.delays.estimate(), starts_at=starts_at)
+            if record.request.is_hang:
+                d = self.settings.deadlines.compute_hang(time.time())
+            else:
+                d = self.settings.deadlines.compute(time.time(), window_ms, self.delays.estimate(), starts_at=starts_at)
             record.agent_deadline, record.deadline, record.quiet_until = d.agent, d.coordinator, d.quiet_until
             record.set_phase(Phase.CAPTURING)
             self._annotate(record)
@@ -367,7 +380,24 @@ class Coordinator:
             self._annotate(record)
             record.analysis = await self.analysis.run(record.manifest_uri, record.capture_id)
             record.report_uri = record.analysis.get("report_uri")
+            if record.analysis.get("state") == "done" and record.request.is_hang:
+                verdict = await asyncio.to_thread(self._verdict_line, record)
+                if verdict:
+                    record.analysis["verdict"] = verdict
         record.note("analysis", **record.analysis)
+
+    def _verdict_line(self, record: CaptureRecord) -> str | None:
+        """The hang report's one line (rank, pod, node, collective, sequence id), read back from the
+        summary `gpulens analyze` wrote beside the manifest: the annotation and status lead with it."""
+        prefix = record.archive_prefix
+        try:
+            raw = self.open_store(prefix).get_bytes(join_uri(prefix, SUMMARY_KEY))
+            summary = limits.loads(raw, limits.SUMMARY_FILE)
+            line = summary["verdict"]["line"]
+        except (ArchiveError, ValueError, KeyError, TypeError) as exc:
+            self.log.warning("analysis.verdict_unreadable", capture_id=record.capture_id, error=str(exc)[:300])
+            return None
+        return line if isinstance(line, str) else None
 
     # --- side effects that never block a capture ---------------------------------------------
 

@@ -14,7 +14,8 @@ from typing import Any
 
 __all__ = ["Alert", "PayloadError", "parse_payload", "AUTO_LABEL", "JOB_LABEL", "WORKLOAD_LABEL"]
 
-AUTO_LABEL = "gpulens_capture"   # "auto": this alert asks for a capture
+AUTO_LABEL = "gpulens_capture"   # "auto": this alert asks for a trace capture; "hang": for a hang capture (issue 45)
+CAPTURE_KINDS = {"auto": "trace", "hang": "hang"}
 JOB_LABEL = "gpulens_job"        # the job id (GPULENS_JOB_ID); absent: route by namespace/pod
 WORKLOAD_LABEL = "gpulens_workload"   # "Deployment/<name>", "job/<id>", ...: a serving kind makes replica captures
 BUDGET_ANNOTATION = "gpulens_budget_mb"   # uncompressed trace MiB per rank for this alert's captures (1..65536)
@@ -43,7 +44,12 @@ class Alert:
 
     @property
     def wants_capture(self) -> bool:
-        return self.labels.get(AUTO_LABEL) == "auto"
+        return self.labels.get(AUTO_LABEL) in CAPTURE_KINDS
+
+    @property
+    def capture_kind(self) -> str:
+        """The capture the alert asks for: a trace, or (a stalled job) its hang evidence."""
+        return CAPTURE_KINDS.get(self.labels.get(AUTO_LABEL, ""), "trace")
 
 
 def _str_map(value: Any, field: str) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """What the gateway does with an alert or a person's request (no HTTP here; server.py adapts it).
 
-Firing alert with `gpulens_capture="auto"` -> route by (namespace, gpulens_job) or (namespace,
+Firing alert with `gpulens_capture="auto"` (a trace) or `"hang"` (a hang capture) -> route by (namespace, gpulens_job) or (namespace,
 pod) -> per-job cooldown -> forward to the job's coordinator with a capture id assigned here and
 recorded first, so every retry of the same episode carries the same id and starts nothing new.
 Resolved alert -> tell the coordinator, which updates the capture's annotation.
@@ -90,7 +90,8 @@ class Gateway:
 
     async def _one(self, alert: Alert) -> Outcome:
         if not alert.wants_capture:
-            return Outcome(alert.fingerprint, alert.starts_at, "ignored", detail="no gpulens_capture=\"auto\" label")
+            return Outcome(alert.fingerprint, alert.starts_at, "ignored",
+                           detail="no gpulens_capture=\"auto\" or \"hang\" label")
         try:
             job = alert.labels.get(JOB_LABEL) or deployment_revision(alert.labels.get(WORKLOAD_LABEL),
                                                                      alert.labels.get("pod"))
@@ -129,6 +130,10 @@ class Gateway:
                                                  if v) or None,
                                text=(alert.annotations.get("summary") or None) and alert.annotations["summary"][:2000])
         s = self.settings
+        if alert.capture_kind == "hang":
+            # a stalled job: every rank's Flight Recorder and stacks as they are now, no Kineto window
+            return CaptureRequest(job_id="", duration_ms=s.duration_ms, reason=reason, requested_by="alertmanager",
+                                  capture_id=capture_id, kind="hang").to_dict()
         if serving_kind(alert.labels.get(WORKLOAD_LABEL)):
             # Replicas have no optimizer steps: a wall-clock window of the pod the alert is about
             # plus healthy peers to compare it with (a workload-wide alert: that many replicas).

@@ -30,6 +30,7 @@ class Dispatch:
     start_time_ms: int | None = None       # a wall-clock trace starts at this instant (ms since the epoch) on every rank
     budget: TraceBudget | None = None      # issue 27: bytes this rank's trace may take (the agent checks its disk)
     worker_rank: int | None = None         # issue 30: the worker's registered rank when `rank` is a serving capture's number
+    kind: str = "trace"                    # issue 45: "hang": the rank's hang evidence instead of a trace
 
     @property
     def registered_rank(self) -> int:
@@ -51,4 +52,6 @@ class Dispatch:
         d["activities"] = list(self.activities)
         if self.budget is not None:
             d["budget"] = self.budget.to_dict()
+        if self.kind == "trace":
+            del d["kind"]    # what agents before issue 45 read
         return {k: v for k, v in d.items() if v is not None}

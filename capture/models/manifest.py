@@ -56,6 +56,12 @@ class Artifact:
     # issue 47, wall-clock captures: when this rank's collection ran (unix s: start, end), the instant
     # the capture chose for every rank (chosen_start) and how far this rank's start fell from it
     window: dict[str, Any] | None = None
+    # issue 45: "hang_evidence" for a hang capture's per-rank document (schema hang_evidence); None: a trace
+    kind: str | None = None
+
+    @property
+    def is_trace(self) -> bool:
+        return self.kind is None
 
     @property
     def own_rank(self) -> int:
@@ -69,7 +75,7 @@ class Artifact:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("event_count", "iterations", "sizes", "worker_rank", "window"):
+        for key in ("event_count", "iterations", "sizes", "worker_rank", "window", "kind"):
             if d[key] is None:
                 del d[key]
         return d

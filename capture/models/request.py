@@ -60,6 +60,12 @@ class CaptureRequest:
     pods: tuple[str, ...] = ()     # these pods (an alert's pod) ...
     peers: int | None = None       # ... plus this many other replicas, for comparison
     replicas: int | None = None    # or, naming none: this many replicas
+    # issue 45: "hang" takes every rank's Flight Recorder dump and stacks instead of a Kineto window
+    kind: Literal["trace", "hang"] = "trace"
+
+    @property
+    def is_hang(self) -> bool:
+        return self.kind == "hang"
 
     @property
     def selects_pods(self) -> bool:
@@ -84,6 +90,7 @@ class CaptureRequest:
             pods=tuple(data.get("pods") or ()),
             peers=data.get("peers"),
             replicas=data.get("replicas"),
+            kind=data.get("kind", "trace"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,4 +120,6 @@ class CaptureRequest:
             out["peers"] = self.peers
         if self.replicas is not None:
             out["replicas"] = self.replicas
+        if self.kind != "trace":
+            out["kind"] = self.kind
         return out

@@ -46,6 +46,7 @@ class FailureReason(str, Enum):
     VERIFICATION_FAILED = "verification_failed"
     ARCHIVE_FAILED = "archive_failed"
     NO_DISK_SPACE = "no_disk_space"          # the node's free space would not hold the trace budget (issue 27)
+    NO_HANG_EVIDENCE = "no_hang_evidence"    # a hang capture had neither the rank's dump nor its stacks (issue 45)
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
 

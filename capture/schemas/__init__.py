@@ -19,7 +19,7 @@ from referencing import Registry, Resource
 __all__ = ["SCHEMA_NAMES", "SchemaError", "load", "validate", "errors"]
 
 SCHEMA_NAMES = ("registration", "capture_request", "dispatch", "target_status", "manifest", "summary", "rank_summary",
-                "flight_recorder", "python_stacks", "hang_evidence")
+                "flight_recorder", "python_stacks", "hang_evidence", "hang_summary")
 _BASE = "https://gpulens.dev/schemas/"
 
 

@@ -49,6 +49,8 @@ WEBHOOK_BODY = JsonLimit("admission review", 8 << 20)              # objects are
 REGISTRATION_FILE = JsonLimit("registration record", 1 << 20)
 STATE_FILE = JsonLimit("target status file", 4 << 20)
 MANIFEST_FILE = JsonLimit("manifest", 16 << 20)
+SUMMARY_FILE = JsonLimit("analysis summary", 64 << 20)
+HANG_EVIDENCE_FILE = JsonLimit("hang evidence", 272 << 20)   # a Flight Recorder dump (<= 256 MiB) and stacks
 TRACE_FILE = JsonLimit("trace", 4 << 30, None)  # bytes: the analysis' --max-trace-bytes caps lower
 
 

@@ -59,7 +59,7 @@ def alertmanager_config(*, webhook_url: str, token_file: Path, group_wait_s: int
             "repeat_interval": repeat_interval,
             "routes": [{
                 "receiver": "gpulens-gateway",
-                "matchers": ['gpulens_capture="auto"'],
+                "matchers": ['gpulens_capture=~"auto|hang"'],
                 "continue": False,
             }],
         },

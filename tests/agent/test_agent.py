@@ -47,8 +47,8 @@ class Node:
     def prefix(self, capture_id: str) -> str:
         return f"{self.archive_root}/ns/{JOB}/0/{capture_id}"
 
-    def worker(self, rank: int, *, kineto: str | None = "honest", **kw) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    def worker(self, rank: int, *, kineto: str | None = "honest", argv: list[str] | None = None, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(argv or [sys.executable, "-c", "import time; time.sleep(120)"])
         self.procs.append(p)
         rec = {"schema_version": 1, "job_id": JOB, "attempt": 0, "namespace": "ns", "pod": "pod-a", "pod_uid": "uid-a",
                "container": "c", "node": "node-1", "global_rank": rank, "local_rank": rank, "world_size": 2,

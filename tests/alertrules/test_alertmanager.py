@@ -47,7 +47,8 @@ def _receivers(amtool, *labels: str) -> list[str]:
 
 @pytest.mark.parametrize("labels, receivers", [
     (("gpulens_capture=auto", "diagnosis=host_sync", "namespace=ml", "gpulens_job=j"), ["gpulens-gateway", "default"]),
-    (("gpulens_capture=none", "diagnosis=stalled", "namespace=ml"), ["default"]),
+    (("gpulens_capture=hang", "diagnosis=stalled", "namespace=ml", "gpulens_job=j"), ["gpulens-gateway", "default"]),
+    (("gpulens_capture=none", "diagnosis=capture_degraded", "namespace=ml"), ["default"]),
     (("gpulens_capture=none", "diagnosis=exporter_degraded"), ["default"]),
     (("alertname=SomethingElse",), ["default"]),
 ])
@@ -123,7 +124,7 @@ async def test_real_alertmanager_delivers_one_notification_per_job_with_the_toke
         base = f"http://127.0.0.1:{am_port}"
         await _wait_ready(f"{base}/-/ready", proc)
         alerts = [_alert("llama-ft-0", "auto", "host_sync"), _alert("llama-ft-1", "auto", "host_sync"),
-                  _alert("gpt-3", "none", "stalled", job="gpt")]
+                  _alert("gpt-3", "none", "capture_degraded", job="gpt")]
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{base}/api/v2/alerts", json=alerts) as r:
                 assert r.status == 200, await r.text()
@@ -141,6 +142,6 @@ async def test_real_alertmanager_delivers_one_notification_per_job_with_the_toke
     assert body["version"] == "4" and body["receiver"] == "gpulens-gateway" and body["status"] == "firing"
     assert body["groupLabels"] == {"namespace": "ml", "gpulens_job": "llama-ft"}
     pods = sorted(a["labels"]["pod"] for a in body["alerts"])
-    assert pods == ["llama-ft-0", "llama-ft-1"], "both pods of the job in one notification; never the stalled one"
+    assert pods == ["llama-ft-0", "llama-ft-1"], "both pods of the job in one notification; never the one labelled none"
     assert all(a["fingerprint"] and a["startsAt"] for a in body["alerts"])
     assert json.dumps(body).count("gpt-3") == 0

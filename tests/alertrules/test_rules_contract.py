@@ -23,7 +23,9 @@ def test_alert_labels_and_annotations(alert):
     labels = alert["labels"]
     assert labels["diagnosis"] in DIAGNOSES
     assert labels["severity"] in {"info", "warning", "critical"}
-    assert labels["gpulens_capture"] in {"auto", "none"}
+    assert labels["gpulens_capture"] in {"auto", "hang", "none"}
+    assert (labels["gpulens_capture"] == "hang") == (labels["diagnosis"] == "stalled"), \
+        "a hang capture is for a stalled job, and a stalled job gets one (its Kineto trace would be empty)"
     assert re.fullmatch(r"[A-Z][A-Za-z0-9]+", alert["alert"]), "CamelCase alert names"
     assert alert.get("for"), "every alert needs a for: against flapping"
     assert set(alert["annotations"]) == {"summary", "description", "runbook_url", "dashboard_url"}

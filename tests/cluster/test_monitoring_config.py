@@ -82,6 +82,8 @@ def test_alertmanager_config_sends_auto_capture_alerts_to_the_gateway_service_wi
     assert hook["http_config"]["authorization"]["credentials_file"] == str(tmp_path / "gateway-token")
     routed = lambda *labels: run(amtool, "config", "routes", "test", f"--config.file={am}", *labels).stdout.strip()  # noqa: E731
     assert routed("alertname=GPUWorkloadHostSync", "gpulens_capture=auto", "namespace=ml") == "gpulens-gateway"
+    assert routed("alertname=GPUWorkloadStalled", "gpulens_capture=hang", "namespace=ml") == "gpulens-gateway"
+    assert routed("alertname=GPULensAgentDown", "gpulens_capture=none", "namespace=ml") == "null"
     assert routed("alertname=GPULensAgentDown", "namespace=ml") == "null"
 
 
