@@ -66,6 +66,8 @@ MISTAKES = [
     (["status", CID], GATEWAY_TOKEN, None, 4, [f"{CID}: unknown capture", "gpulens capture list"]),
     (["watch", CID], GATEWAY_TOKEN, None, 4, [f"{CID}: unknown capture"]),
     (["cancel", CID], GATEWAY_TOKEN, None, 4, [f"{CID}: unknown capture"]),
+    (["start", "--namespace", "ml", "--job", "train", "--hang", "--iterations", "10"], GATEWAY_TOKEN, None, 2,
+     ["--hang reads each rank as it is now", "--iterations"]),
     (["list", "--namespace", "ml"], GATEWAY_TOKEN, None, 2, ["--namespace and --job go together"]),
     (["list", "--namespace", "ml", "--job", "nope"], GATEWAY_TOKEN, None, 4, ["ml/nope"]),
 ]

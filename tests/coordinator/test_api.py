@@ -66,6 +66,8 @@ async def test_every_endpoint_but_healthz_needs_the_token(api, http, headers):
     ([1, 2], ""),
     ({"job_id": "train", "duration_ms": 500, "capture_id": "c-20261201-abcdef\n"}, "capture_id"),  # $ vs \Z
     ({"job_id": "train\n", "duration_ms": 500}, "job_id"),
+    ({"job_id": "train", "duration_ms": 500, "kind": "stacks"}, "kind"),                 # issue 45: trace | hang
+    ({"job_id": "train", "duration_ms": 500, "kind": "hang", "iterations": 10}, "kind"),  # a hang has no steps
 ])
 async def test_bad_requests_are_400_naming_the_field_and_start_nothing(api, http, body, field):
     url, c, double = api

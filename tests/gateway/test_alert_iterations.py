@@ -105,3 +105,28 @@ async def test_an_alerts_budget_annotation_prices_its_capture_and_a_bad_one_is_i
         assert await gw.stop() == 0
     log = (tmp_path / "gateway.log").read_text()
     assert "alert.bad_budget" in log and "64MB" in log
+
+
+async def test_the_stalled_alert_starts_a_hang_capture_whatever_the_gateways_iterations(stack, http, tmp_path):
+    """Issue 45: `gpulens_capture="hang"` (the GPUWorkloadStalled rule's label) asks for a hang
+    capture: every rank dispatched with kind "hang", no iterations and no start instant, although
+    the gateway's defaults make alert captures iteration-aligned; a label of another value starts nothing."""
+    gw, url = await gateway_process(stack, tmp_path)
+    try:
+        stalled = alert("fp-hang", auto=False, alertname="GPUWorkloadStalled", diagnosis="stalled", gpulens_capture="hang")
+        async with http.post(url + "/v1/alertmanager", json=payload(stalled), headers=BEARER) as r:
+            body = await r.json()
+            assert r.status == 200 and body["results"][0]["outcome"] == "started", body
+        cid = body["results"][0]["capture_id"]
+        assert {(d.kind, d.iterations, d.start_time_ms, d.budget) for d in await dispatched(stack, cid)} == \
+            {("hang", None, None, None)}
+        request = stack.coordinator.captures[cid].request
+        assert request.kind == "hang" and request.reason.alertname == "GPUWorkloadStalled"
+        await stack.coordinator.wait(cid)
+        other = alert("fp-none", auto=False, alertname="GPUWorkloadStalled", diagnosis="stalled",
+                      gpulens_capture="stacks")
+        async with http.post(url + "/v1/alertmanager", json=payload(other), headers=BEARER) as r:
+            body = await r.json()
+            assert r.status == 200 and body["results"][0]["outcome"] == "ignored", body
+    finally:
+        assert await gw.stop() == 0
