@@ -4,7 +4,7 @@ Starts the exporter, the node agent, the gateway, Prometheus and Alertmanager (s
 generated configs with the project's rules and the gateway as webhook receiver), a coordinator
 per (job, attempt) that registers, and a local page listing captures and annotations (or posts
 annotations to Grafana with --grafana-url). `--demo` adds a two-rank PyTorch CPU trainer driving
-the CUDA driver stand-in, and `--incident X` induces one of the three incidents after a warm-up.
+the CUDA driver stand-in, and `--incident X` induces one of the four incidents after a warm-up.
 `--demo --serving` runs a serving workload instead: two replicas of a PyTorch CPU model answering
 requests, each on its own stand-in GPU, where `--incident noisy_neighbor` lands on one replica.
 Ctrl-C stops everything it started; the archive stays.
@@ -22,12 +22,14 @@ from gpulens.ground.helptext import HelpFormatter
 
 __all__ = ["configure", "run"]
 
-INCIDENTS = ("host_sync", "noisy_neighbor", "input_starvation")
+INCIDENTS = ("host_sync", "noisy_neighbor", "input_starvation", "hang")
 SERVING_INCIDENTS = ("noisy_neighbor",)   # the serving demo's incident: a neighbour on one replica's GPU
 
 
 EPILOG = """examples:
   gpulens up --demo --incident host_sync          # the whole loop: an alert, a capture, a report in ~2.5 min
+  gpulens up --demo --incident hang               # a rank stops before a collective: the stalled alert, a hang
+                                                  # capture, and a report naming that rank
   gpulens up --demo --serving --incident noisy_neighbor   # a serving workload: one replica against its peer
   gpulens up --demo --exit-after-s 120            # a scripted run that stops by itself
   gpulens up --work-dir /srv/gpulens --port-base 19450 --grafana-url http://grafana:3000

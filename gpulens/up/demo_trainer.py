@@ -19,6 +19,9 @@ An incident is switched on at run time by writing its name into the control file
                     does time blocked in syncs
   noisy_neighbor    nothing changes here; `gpulens up` starts a second job on the same (stand-in)
                     GPU, whose work delays ours on the shared device timeline
+  hang              rank 1 stops before the next all_reduce (in `stop_before_collective`, as a rank
+                    stuck in a data loader or a checkpoint would) and never enters it; rank 0 waits
+                    in it. Both stop launching while they hold the GPU: the stalled alert's shape
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ def logging_copy(activations, snapshot) -> float:
     value from it (`aten::copy_`, `aten::item`; on a GPU the read waits for the device)."""
     snapshot.copy_(activations)
     return snapshot[0].item()
+
+
+def stop_before_collective() -> None:
+    """The hang incident's rank 1: never returns, never enters the collective the other rank waits in."""
+    while True:
+        time.sleep(3600)
 
 
 def train_step(loader, model, opt, incident: str, activations, snapshot) -> None:
@@ -125,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
                     d2h_sync_bytes=args.sync_copy_bytes if incident == "host_sync" else 0)
         if step % 20 == 0:
+            if incident == "hang" and rank == 1:
+                stop_before_collective()
             t = torch.ones(1)
             dist.all_reduce(t)                           # keeps the ranks in step, like a real job
         step += 1

@@ -37,7 +37,15 @@ def list_captures(archive_dir: Path) -> list[dict]:
         else:
             why = f"by {request.get('requested_by') or 'a person'}" + (f": {reason['text']}" if reason.get("text") else "")
         failures = doc.get("failures", [])
+        hang = request.get("kind") == "hang"
+        verdict = None
+        if hang and report.exists():      # a hang report's first line: the rank that holds the others up
+            try:
+                verdict = json.loads((folder / "analysis" / "summary.json").read_text())["verdict"]["line"]
+            except (OSError, ValueError, KeyError, TypeError):
+                verdict = None
         out.append({
+            "kind": "hang" if hang else "trace", "verdict": verdict,
             "reason": why, "requested_at": doc.get("requested_at"),
             "cancelled": any(f.get("reason") == "cancelled" for f in failures if isinstance(f, dict)),
             "capture_id": doc.get("capture_id"), "job_id": doc.get("job_id"), "attempt": doc.get("attempt"),

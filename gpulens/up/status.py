@@ -129,6 +129,8 @@ class StatusReporter:
                       + (" (cancelled)" if c.get("cancelled") else ""))
             if c["report"]:
                 self.emit(f"capture:{cid}:report", f"capture {cid}: report http://127.0.0.1:{ui}/archive/{c['report']}")
+            if c.get("verdict"):
+                self.emit(f"capture:{cid}:verdict", f"capture {cid}: hang: {c['verdict']}")
         if time.monotonic() - self._last_line > self.heartbeat_s:
             up = sum(1 for c in self.runner.sup.children.values() if c.state in ("ready", "starting"))
             self.say(f"{up} processes running; "

@@ -242,3 +242,40 @@ def test_serving_noisy_neighbour_on_one_replica_is_captured_with_its_peer_and_su
                                                    .read_text())] for i, pod in enumerate(SERVING_PODS)}
         assert len(p95[affected]) >= 3 and p95[affected][-1] >= 2 * p95[affected][0], p95
         assert p95[peer][-1] < 1.5 * p95[peer][0], p95
+
+
+def test_a_hang_in_the_demo_is_named_by_the_stalled_alerts_hang_capture(tmp_path, up_env):
+    """Issue 45: rank 1 of the demo job stops before an all_reduce (`stop_before_collective`) and
+    rank 0 waits in it; both stop launching while they hold the GPU. GPUWorkloadStalled fires with
+    `gpulens_capture="hang"`, the gateway starts a hang capture, each rank's hook writes its Flight
+    Recorder dump and py-spy reads its stacks, and the report, the summary, up's line and the
+    annotation name rank 1, the collective, its sequence id and the frame it is stuck in. Without
+    the hooks' dumps no sequence id could be named."""
+    with running_up(tmp_path, up_env, "hang") as (workdir, ui, log_path, proc, ports):
+        capture = alert_capture(ui, proc, log_path)
+        text = log_path.read_text()
+        assert "alert firing: GPUWorkloadStalled diagnosis=stalled" in text, \
+            text[-4000:] + "\n" + rule_signals.describe(f"http://127.0.0.1:{ports.prometheus}")
+        assert capture["reason"] == "alert GPUWorkloadStalled (stalled)" and capture["kind"] == "hang", capture
+        manifest = json.loads((workdir / "archive" / capture["manifest"]).read_text())
+        assert manifest["request"]["kind"] == "hang" and manifest["fully_succeeded"], manifest["failures"]
+        assert sorted((a["rank"], a["kind"]) for a in manifest["artifacts"]) == [(0, "hang_evidence"),
+                                                                                  (1, "hang_evidence")]
+        summary = json.loads((workdir / "archive" / capture["report"]).with_name("summary.json").read_text())
+        schemas.validate("hang_summary", summary)
+        v = summary["verdict"]
+        print(f"[hang] stalled -> report: {v['line']}")
+        assert v["kind"] == "never_entered" and "all_reduce" in v["op"] and v["seq"] and v["seq"] > 1, v
+        (suspect,) = v["suspects"]
+        assert suspect["rank"] == 1 and suspect["pod"] and suspect["node"], suspect
+        assert "stop_before_collective" in (suspect["now_at"] or ""), suspect     # where rank 1 is stuck
+        for needle in ("rank 1", suspect["pod"], suspect["node"], f"collective_seq_id {v['seq']}"):
+            assert needle in v["line"], (needle, v["line"])
+        assert f"capture {capture['capture_id']}: hang: {v['line']}" in wait_for(
+            lambda: log_path.read_text() if "hang: rank 1" in log_path.read_text() else None, timeout=30,
+            what="up's verdict line", last=lambda: log_path.read_text()[-3000:])
+        notes = wait_for(lambda: [n for n in get_json(f"{ui}/api/annotations")["annotations"]
+                                  if capture["capture_id"] in json.dumps(n) and v["line"][:60] in n.get("text", "")]
+                         or None, timeout=30, what="the annotation leading with the verdict",
+                         last=lambda: get_json(f"{ui}/api/annotations"))
+        assert "hang" in notes[0]["tags"], notes
