@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import os
 import posixpath
 import time
@@ -466,6 +467,8 @@ class Pipeline:
         collection = rec.verdict.pop("collection", None)   # mapped to step numbers or kept as the window below
         if not spec.iterations and collection:
             rec.verdict["window_start"], rec.verdict["window_end"] = collection[0], collection[1]
+        if not verdict.ok and verdict.empty:
+            return await self._keep_empty(rec, verdict, log)
         if not verdict.ok:
             return self._fail(rec, R.VERIFICATION_FAILED, f"{verdict.detail} (file kept at {path})")
         raw_note = ""
@@ -520,6 +523,28 @@ class Pipeline:
         log.info("trace.misaligned_archived", uri=uri)
         return self._fail(rec, R.MISSED_START, f"{wrong}; that trace is archived as this rank's evidence at {uri} "
                                                f"(sha256 {verdict.sha256[:12]}, not part of the capture)")
+
+    async def _keep_empty(self, rec: TargetRecord, verdict: Verdict, log) -> None:
+        """A trace of this request with no activity in it: the rank did nothing Kineto traces for
+        the whole window, i.e. it was blocked (in a collective, a lock, I/O). That emptiness is the
+        evidence, so the file is archived beside the capture's traces as `traces/<target>.empty.json`
+        (never an artifact of the manifest: there is nothing in it to analyse) and the target fails
+        `trace_empty` saying where it is; kept on the node if the archive fails (issue 45)."""
+        path = Path(rec.watch_path or "")
+        key = archive_key(self.s.archive_root, rec.spec.archive_prefix, rec.target_id, ".json", tag="empty")
+        blocked = (f"the trace holds no {', '.join(rec.spec.activities)} event: the rank did no traced work for the "
+                   f"whole window, so it was blocked (in a collective, a lock, I/O); a hang capture "
+                   f"(gpulens capture start --hang) names where")
+        try:
+            sha = await asyncio.get_running_loop().run_in_executor(self.verify_pool, _sha256_of, str(path))
+            uri = await put_file_retrying(self.archive, path, key, policy=self.s.archive_policy)
+        except (ArchiveError, OSError) as exc:
+            log.warning("trace.empty_not_archived", error=str(exc)[:300])
+            return self._fail(rec, R.TRACE_EMPTY, f"{blocked}; the trace could not be archived ({exc}): kept at {path}")
+        path.unlink(missing_ok=True)          # in the archive now
+        log.warning("trace.empty_archived", uri=uri, size=verdict.size)
+        return self._fail(rec, R.TRACE_EMPTY, f"{blocked}; the empty trace is archived as this rank's evidence at "
+                                              f"{uri} ({verdict.size} bytes, sha256 {sha[:12]}; not part of the capture)")
 
     def _traced_steps(self, rec: TargetRecord, verdict: Verdict) -> tuple[int, int] | None:
         """The first and last optimizer step (the hook's count) whose work the trace holds, from
@@ -725,6 +750,14 @@ class Pipeline:
             path.parent.rmdir()  # only when empty
         except OSError:
             pass
+
+def _sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
 
 def _holding(rec: TargetRecord) -> str:
     """What is known of a config still out with its process: the facts a waiting target names."""

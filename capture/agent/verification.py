@@ -84,6 +84,9 @@ class Verdict:
     stored_size: int = 0            # bytes of what sha256 covers
     encoding: str = "identity"      # gzip when staged
     stage_error: str | None = None  # the copy could not be written (disk): the trace may be fine
+    # issue 45: a well-formed trace of this request with no activity at all (Kineto's "CPU trace is
+    # empty!"): the rank did no traced work for the whole window, a blocked rank's evidence
+    empty: bool = False
 
     @property
     def detail(self) -> str:
@@ -326,9 +329,14 @@ def _verify(path: str, exp: Expectation, chunk: int, sha: StagedBytes) -> Verdic
         _add(problems, "requested activity types absent: " + ", ".join(missing))
     collection = (base / 1e9 + tally.collection[0] / 1e6, base / 1e9 + tally.collection[1] / 1e6) \
         if isinstance(base, int) and tally.collection is not None else None
+    empty = bool(problems) and not activity_cats and all(p.startswith(_EMPTY_ONLY) for p in problems)
     return Verdict(not problems, problems, size, sha.hexdigest(), events, cats, found_id, first, last,
                    min(steps) if steps else None, max(steps) if steps else None, tally.optimizer_steps,
-                   collection, stored_size=sha.stored_size)
+                   collection, stored_size=sha.stored_size, empty=empty)
+
+
+#: the only problems an empty trace of this very request has (its name, id and pid all checked out)
+_EMPTY_ONLY = ("requested activity types absent", "no timed events")
 
 
 def _add(problems: list[str], text: str) -> None:

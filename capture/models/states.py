@@ -44,6 +44,7 @@ class FailureReason(str, Enum):
     KINETO_REFUSED = "kineto_refused"        # Kineto fetched the config and dropped it (builtin endpoint sees it)
     MISSED_START = "missed_start"            # the rank was past the capture's start iteration before Kineto could take it
     VERIFICATION_FAILED = "verification_failed"
+    TRACE_EMPTY = "trace_empty"              # the rank's trace of the window holds no activity: it was blocked (issue 45)
     ARCHIVE_FAILED = "archive_failed"
     NO_DISK_SPACE = "no_disk_space"          # the node's free space would not hold the trace budget (issue 27)
     NO_HANG_EVIDENCE = "no_hang_evidence"    # a hang capture had neither the rank's dump nor its stacks (issue 45)

@@ -101,6 +101,24 @@ def test_requested_types_the_process_must_produce_are_required(tmp_path, now):
     assert verify_trace(str(path), expect(now, activities=("cpu_op", "python_function", "user_annotation"))).ok
 
 
+def test_a_trace_of_this_request_without_any_activity_is_empty_and_nothing_else_is(tmp_path, now):
+    """Issue 45: a blocked rank's trace (Kineto: "CPU trace is empty!") is this request's, whole and
+    well-formed, with no activity in it: `empty`. A trace that is also someone else's, or that has
+    any activity but a requested one missing, is a plain verification failure."""
+    path = kineto_like_trace(tmp_path / "rank-0_4242.json", pid=PID, start=now, cats=(), trace_id="77")
+    v = verify_trace(str(path), expect(now, trace_id="77"))
+    assert not v.ok and v.empty and v.problems == ["requested activity types absent: cpu_op"], v.problems
+    assert not verify_trace(str(path), expect(now, trace_id="78")).empty           # not this request's
+    other = tmp_path / "rank-3_4242.json"
+    other.write_bytes(path.read_bytes())
+    assert not verify_trace(str(other), expect(now, trace_id="77")).empty           # another file's trace
+    partial = kineto_like_trace(tmp_path / "rank-1_4242.json", pid=PID, start=now, cats=("user_annotation",))
+    v = verify_trace(str(partial), expect(now, activities=("cpu_op", "user_annotation")))
+    assert not v.ok and not v.empty, v.problems          # it did traced work: not a blocked rank
+    good = kineto_like_trace(tmp_path / "rank-2_4242.json", pid=PID, start=now)
+    assert verify_trace(str(good), expect(now)).ok and not verify_trace(str(good), expect(now)).empty
+
+
 @pytest.mark.parametrize("case, over, needle", [
     ("early", dict(window_start_shift=+20), "before the capture window"),
     ("late", dict(window_end_shift=-29.8), "after the capture window"),

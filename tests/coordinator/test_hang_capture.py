@@ -6,7 +6,9 @@ with py-spy, archives the `hang_evidence` document and names it in the manifest;
 analyze` (the coordinator's runner) reads exactly what the manifest names and the verdict names
 rank 1, its pod, its node, the collective and its sequence id, and where rank 1 is: in the
 summary, the report, the capture's status and its Grafana annotation. Without the hook's dumps
-the sequence ids are unknowable: every assertion on seq 6 fails.
+the sequence ids are unknowable: every assertion on seq 6 fails. A trace capture of the same
+stalled job gets an empty trace from each rank: each is archived as the rank's evidence
+(`traces/<target>.empty.json`) and the rank fails `trace_empty`, saying so.
 """
 
 from __future__ import annotations
@@ -91,7 +93,11 @@ async def test_a_stalled_job_is_named_by_its_hang_capture(tmp_path, http):
             record = c.get(cid)
             assert record.analysis.get("state") == "done", record.analysis
             code, status_text, err = await _cli(url, "status", cid)
-        assert code == 0, err
+            assert code == 0, err
+            # and a trace of the same stalled job: a wall-clock window in which neither rank does any
+            # traced work (one waits in the collective, the other never reaches it)
+            trace_code, trace_out, trace_err = await _cli(url, "start", "--job", "train", "--duration-ms", "500",
+                                                          "--wait")
 
         m = Manifest.from_json(Path(manifest_uri.removeprefix("file://")).read_text())
         assert m.request["kind"] == "hang" and m.fully_succeeded and not m.failures
@@ -127,6 +133,19 @@ async def test_a_stalled_job_is_named_by_its_hang_capture(tmp_path, http):
         assert f"verdict   {line}" in status_text, status_text
         note = capture_annotation(record.to_status(full=False), archive_root=f"file://{archive}")
         assert "collective_seq_id 6" in note.text and "hang" in note.tags, note
+
+        # the trace capture: each rank's trace is empty, and that emptiness is kept as its evidence
+        assert trace_code == 3, (trace_out, trace_err)
+        trace_manifest = Manifest.from_json(Path(trace_out.split()[1].removeprefix("file://")).read_text())
+        assert not trace_manifest.artifacts
+        assert {(f.rank, f.reason) for f in trace_manifest.failures} == {(0, "trace_empty"), (1, "trace_empty")}, \
+            trace_manifest.failures
+        for f in trace_manifest.failures:
+            assert "did no traced work for the whole window" in f.detail and "--hang" in f.detail, f.detail
+            kept = Path(trace_manifest.archive_prefix.removeprefix("file://")) / "traces" / f"{f.target_id}.empty.json"
+            assert f"{kept.as_uri()}" in f.detail, (kept, f.detail)
+            trace = json.loads(kept.read_text())        # Kineto's own file, whole: the header, no activity
+            assert trace["traceName"] and not [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
     finally:
         (base / "stop").touch()
         for n in nodes:
