@@ -3,6 +3,7 @@ the moment the report link of the capture it caused is on the page, with the mil
 
     sudo .venv/bin/python bench/up_time_to_photo.py [--incident host_sync] [--runs 3]
     sudo .venv/bin/python bench/up_time_to_photo.py --serving --incident noisy_neighbor   # the serving demo
+    sudo .venv/bin/python bench/up_time_to_photo.py --incident hang   # stall -> stalled alert -> hang report
 
 Runs the real tree (needs root for eBPF, Prometheus and Alertmanager installed); prints each
 run's milestones and the medians. Alert-rule windows are scaled by `gpulens up`'s default 1/30.
@@ -24,10 +25,11 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gpulens.up.command import INCIDENTS  # noqa: E402
 from tests.e2e.test_up import free_port_base  # noqa: E402
 
 MILESTONES = [("alert", r"alert firing: \S+ diagnosis=(\S+)"), ("converged", r"capture \S+ \(\S+\): converged"),
-              ("report", r"capture \S+: report (\S+)")]
+              ("report", r"capture \S+: report (\S+)"), ("verdict", r"capture \S+: hang: ")]
 
 
 def one_run(incident: str, after: float, timeout: float, serving: bool = False) -> dict[str, float]:
@@ -52,7 +54,7 @@ def one_run(incident: str, after: float, timeout: float, serving: bool = False) 
                         seen[name] = now - t0
                         if name == "alert":
                             print(f"  diagnosis: {m.group(1)}", flush=True)
-                if "report" in seen or now > deadline:
+                if ("report" in seen and (incident != "hang" or "verdict" in seen)) or now > deadline:
                     break
         finally:
             os.kill(proc.pid, signal.SIGINT)
@@ -62,7 +64,7 @@ def one_run(incident: str, after: float, timeout: float, serving: bool = False) 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--incident", default="host_sync", choices=["host_sync", "noisy_neighbor", "input_starvation"])
+    ap.add_argument("--incident", default="host_sync", choices=INCIDENTS)
     ap.add_argument("--serving", action="store_true", help="the serving demo (two replicas; noisy_neighbor only)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--incident-after", type=float, default=80)
