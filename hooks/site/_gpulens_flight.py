@@ -18,7 +18,10 @@ node agent connects and sends one JSON line `{"op": "flight_dump", "capture_id":
 ...}`; the thread writes the dump to `<trace dir>/<capture_id>/<target_id>.flight.json` (a name it
 builds itself: a caller chooses no path) and answers one JSON line, `{"ok": true, "path": ...,
 "bytes": ...}` or `{"ok": false, "reason": ...}`. Only root (the agent) or this process's own user
-may ask (`SO_PEERCRED`). A rank whose thread holds the GIL cannot answer: the agent's wait is
+may ask (`SO_PEERCRED`, checked on every connection). The socket's mode is 0666 on purpose: a
+connect needs write permission on it, and the chart's agent is root *without* CAP_DAC_OVERRIDE
+(dropped: it holds DAC_READ_SEARCH and SYS_PTRACE only), so a 0600 socket of a trainer running as
+any other user kept the agent out (measured: EACCES); the credential check is what keeps others out. A rank whose thread holds the GIL cannot answer: the agent's wait is
 bounded, and its stacks, read from outside, say where it is.
 """
 
@@ -128,7 +131,7 @@ class FlightListener:
                 os.unlink(path)          # a dead process's socket with our pid (a pid namespace reused)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(path)
-            os.chmod(path, 0o600)
+            os.chmod(path, 0o666)        # the agent connects without DAC_OVERRIDE; SO_PEERCRED decides
             sock.listen(4)
         except OSError:
             return None
