@@ -34,6 +34,7 @@ from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
 from .registry import Worker, WorkerRegistry
 from . import hang_capture, start_rules
+from .flight import dump_path as flight_dump_path
 from .hang_evidence import collect_hang_evidence
 from .space import NodeDisk, NodeReservations, artifact_sizes
 from .steps import StepLog, StepsUnreadable
@@ -625,8 +626,15 @@ class Pipeline:
         rec.worker = worker.to_dict()
         if rec.status.state is S.PENDING:
             self._set(rec, S.DISPATCHED, "asking the rank's hook for its Flight Recorder dump, then reading its stacks")
+        trace_view = self._watch_dir(worker)
+        try:    # the agent's own folder for the hook's dump: the agent (no DAC_OVERRIDE) can remove it after
+            (trace_view / rec.capture_id).mkdir(parents=True, exist_ok=True)
+            os.chmod(trace_view / rec.capture_id, 0o777)   # the hook writes as the trainer's uid
+        except OSError as exc:
+            return self._fail(rec, R.INTERNAL_ERROR, f"cannot prepare the folder for the hook's dump: {exc}")
+        rec.watch_path = str(flight_dump_path(trace_view, rec.capture_id, rec.target_id))   # its folder goes last
         target = hang_capture.hang_target(rec.capture_id, rec.target_id, spec.rank, worker,
-                                          trace_view=self._watch_dir(worker), socket_dir=self.s.socket_dir)
+                                          trace_view=trace_view, socket_dir=self.s.socket_dir)
         doc = await collect_hang_evidence(target, flight_timeout_s=self.s.flight_timeout_s)
         log.info("hang.evidence", rank=spec.rank, dump=doc["flight_recorder"]["reason"] or "taken",
                  stacks=doc["stacks"]["reason"] or "taken", seconds=doc["seconds"])

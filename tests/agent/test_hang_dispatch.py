@@ -44,6 +44,7 @@ async def test_a_python_worker_without_a_process_group_is_archived_with_its_stac
     assert any(f["name"] == "<module>" for f in frames), frames          # read from outside, its own frames
     assert "no Flight Recorder dump (no_socket)" in st.detail and "stacks of 1 threads" in st.detail, st.detail
     assert not list((node.base / "state" / "staging").glob("*.hang.json"))      # the staged copy went
+    assert not (node.base / "traces" / "c-hang-py").exists()      # the folder made for the hook's dump went too
 
 
 async def test_a_worker_that_is_not_python_fails_with_both_reasons_and_nothing_archived(node, agent):

@@ -111,7 +111,8 @@ async def test_a_stalled_job_is_named_by_its_hang_capture(tmp_path, http):
             assert doc["flight_recorder"]["dump"] is not None, doc["flight_recorder"]   # the hook answered
             assert doc["stacks"]["doc"] is not None, doc["stacks"]                      # py-spy read it
         for n in nodes:      # the hook's dump file was folded into the document: nothing left beside traces
-            assert not list((n.base / "traces").glob("*flight*")), list((n.base / "traces").iterdir())
+            assert not list((n.base / "traces").rglob("*flight*")), list((n.base / "traces").rglob("*"))
+            assert not (n.base / "traces" / cid).exists(), list((n.base / "traces").rglob("*"))
 
         summary_path = Path(manifest_uri.removeprefix("file://")).parent / "analysis" / "summary.json"
         summary = schemas.validate("hang_summary", json.loads(summary_path.read_text()))
