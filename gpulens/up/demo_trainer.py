@@ -19,7 +19,7 @@ An incident is switched on at run time by writing its name into the control file
                     does time blocked in syncs
   noisy_neighbor    nothing changes here; `gpulens up` starts a second job on the same (stand-in)
                     GPU, whose work delays ours on the shared device timeline
-  hang              rank 1 stops before the next all_reduce (in `stop_before_collective`, as a rank
+  hang              rank 1 (--hang-rank) stops before the next all_reduce (in `stop_before_collective`, as a rank
                     stuck in a data loader or a checkpoint would) and never enters it; rank 0 waits
                     in it. Both stop launching while they hold the GPU: the stalled alert's shape
 """
@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--libcuda", required=True, help="path of the stand-in libcuda.so.1")
     ap.add_argument("--control", required=True, help="file holding the current incident name")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until stopped)")
+    ap.add_argument("--hang-rank", type=int, default=1, help="hang: the rank that stops before the collective")
+    ap.add_argument("--hang-at-step", type=int, default=0,
+                    help="hang from this step on without the control file (0: only when the control file says hang)")
     ap.add_argument("--kernels", type=int, default=40)
     ap.add_argument("--kernel-us", type=int, default=100)
     ap.add_argument("--h2d-bytes", type=int, default=4 << 20)
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         device.step(kernels=args.kernels, kernel_us=args.kernel_us, h2d_bytes=args.h2d_bytes,
                     d2h_sync_bytes=args.sync_copy_bytes if incident == "host_sync" else 0)
         if step % 20 == 0:
-            if incident == "hang" and rank == 1:
+            if rank == args.hang_rank and (incident == "hang" or 0 < args.hang_at_step <= step):
+                print(f"demo-trainer rank={rank} stops before the all_reduce of step {step}", flush=True)
                 stop_before_collective()
             t = torch.ones(1)
             dist.all_reduce(t)                           # keeps the ranks in step, like a real job

@@ -391,6 +391,59 @@ def test_a_hung_agent_on_one_node_costs_only_its_ranks(two, ddp, two_release):
     assert "event=ipc.late_poll_unanswered" in log, log[-3000:]
 
 
+def test_a_rank_hung_on_the_second_node_is_named_by_a_hang_capture(two, two_release, ddp):
+    """Issue 45 in the cluster: a second four-rank job (two pods, one per node, the chart's agents in
+    their containers: hostPID, root without DAC_OVERRIDE, py-spy from the image) whose rank 3, on
+    node 2, stops before an all_reduce that ranks 0-2 wait in. A hang capture through the gateway
+    archives every rank's Flight Recorder dump and stacks (each agent reaches its ranks' hook
+    sockets through the sockets hostPath and reads them with py-spy), the analysis Job reads them
+    from S3, and the verdict names rank 3, its pod, node 2, the collective and its sequence id."""
+    from kubernetes import client
+    ns = armed_namespace(two)
+    try:
+        two.create_namespaced_service(ns, trainer_peers_service())
+        client.BatchV1Api(two.api_client).create_namespaced_job(
+            ns, trainer_job(two_release.image, nodes=2, trainer_args=("--hang-rank", "3", "--hang-at-step", "60")))
+        pods = wait_until("the hanging job's two pods", lambda: (lambda ps: len(ps) == 2 and ps)(
+            two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items), 60)
+        pods = {p.spec.node_name: wait_training(two, ns, p.metadata.name) for p in pods}
+        hung = pods[NODE2].metadata.name
+        wait_until("rank 3 stopped before its all_reduce", lambda: "demo-trainer rank=3 stops before" in pod_log(
+            two, ns, hung, "trainer"), 300, 2)
+        base, token = gateway(two)
+        started = wait_until("hang capture accepted", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
+            call(f"{base}/v1/captures?namespace={ns}", token, {"job_id": JOB, "duration_ms": 1000, "kind": "hang"})),
+            240, 2)
+        done = wait_converged(two, started["capture_id"])
+        assert done["phase"] == "converged" and done["fully_succeeded"] and done["kind"] == "hang", _targets(done)
+        manifest = json.loads(_bytes(two_release.s3, done["manifest_uri"]))
+        arts = sorted(manifest["artifacts"], key=lambda a: a["rank"])
+        assert [(a["rank"], a["node"], a["kind"]) for a in arts] == [
+            (0, NODE, "hang_evidence"), (1, NODE, "hang_evidence"), (2, NODE2, "hang_evidence"),
+            (3, NODE2, "hang_evidence")], arts
+        for a in arts:
+            body = _bytes(two_release.s3, a["uri"])
+            assert len(body) == a["size"] and hashlib.sha256(body).hexdigest() == a["sha256"], a["uri"]
+            doc = json.loads(body)
+            assert doc["flight_recorder"]["dump"] is not None, (a["rank"], doc["flight_recorder"])
+            assert doc["stacks"]["doc"] is not None, (a["rank"], doc["stacks"])      # py-spy in the agent's container
+        status = wait_until("the hang analysis finished", lambda: (
+            lambda st: st.get("analysis", {}).get("state") in ("done", "failed", "skipped", "disabled") and st)(
+            capture_status(two, done["capture_id"])), 600, 2)
+        assert status["analysis"]["state"] == "done", json.dumps(status["analysis"])
+        summary = json.loads(_bytes(two_release.s3, status["report_uri"].replace("report.html", "summary.json")))
+        v = summary["verdict"]
+        print(f"[hang] two nodes: {v['line']}")
+        assert v["kind"] == "never_entered" and "all_reduce" in v["op"] and v["seq"], v
+        assert [(x["rank"], x["pod"], x["node"]) for x in v["suspects"]] == [(3, hung, NODE2)], v["suspects"]
+        assert "stop_before_collective" in (v["suspects"][0]["now_at"] or ""), v["suspects"]
+        for needle in ("rank 3", hung, NODE2, f"collective_seq_id {v['seq']}"):
+            assert needle in v["line"], (needle, v["line"])
+        assert status["analysis"].get("verdict") == v["line"]          # the status (and annotation) lead with it
+    finally:
+        two.delete_namespace(ns)
+
+
 def _ready(pod) -> bool:
     return bool(pod.status.container_statuses) and all(c.ready for c in pod.status.container_statuses)
 

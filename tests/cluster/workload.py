@@ -42,7 +42,7 @@ def torch_site() -> str:
 
 def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0,
                 control_dir: str | None = None, nodes: int = 1, image_pythonpath: bool = False,
-                lost_node_after_s: int | None = None) -> dict:
+                lost_node_after_s: int | None = None, trainer_args: tuple[str, ...] = ()) -> dict:
     """Job `trainer`: one pod, torchrun with two workers of the demo trainer (each steps forever).
 
     `fail_attempt_0`: the container first runs FAIL_ATTEMPT_0 (with `backoff_limit` >= 1 the Job
@@ -54,7 +54,8 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     `image_pythonpath`: the pod sets no PYTHONPATH; `image` must name torch's folder in its own
     `ENV PYTHONPATH` (conftest.own_pythonpath_image). `lost_node_after_s`: the pods tolerate an
     unreachable or not-ready node that long, then Kubernetes evicts them (its default is 300 s;
-    training jobs set less, so that a lost node's pod is replaced instead of waited for)."""
+    training jobs set less, so that a lost node's pod is replaced instead of waited for).
+    `trainer_args`: more arguments of the demo trainer (e.g. `--hang-rank 3 --hang-at-step 100`)."""
     from gpulens.exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
@@ -69,7 +70,7 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
                "--control", "/control/incident" if control_dir else "/tmp/incident",
                "--kernels", "10", "--h2d-bytes", "65536", "--copy-floats", "1024",
                # the in-cluster alert tests were measured with this (the demo's default is now 128 MiB)
-               "--sync-copy-bytes", str(64 << 20)]
+               "--sync-copy-bytes", str(64 << 20), *trainer_args]
     env = []
     if nodes > 1:   # a shell script, as users write them: the webhook reads --nproc-per-node in it
         command = ["sh", "-c", 'set -e; PEERS=$(python3 -c "$FIND_PEERS"); set -- $PEERS; exec ' + " ".join(command)]
