@@ -212,16 +212,27 @@ class Pipeline:
                 return worker
             await asyncio.sleep(min(0.5, self.s.retry_interval_s))
 
-    async def _trigger(self, rec: TargetRecord, log) -> None:
+    async def _live_worker(self, rec: TargetRecord) -> Worker | None:
+        """The target's registered, running worker (kept in `rec.worker`), or None with the target
+        failed `not_registered` / `process_gone`."""
         spec = rec.spec
         worker = await self._find_worker(rec)
         if worker is None:
-            return self._fail(rec, R.NOT_REGISTERED, f"no registration record for job {spec.job_id} attempt "
-                                                     f"{spec.attempt} rank {spec.rank} on node {self.s.node}")
+            self._fail(rec, R.NOT_REGISTERED, f"no registration record for job {spec.job_id} attempt "
+                                              f"{spec.attempt} rank {spec.rank} on node {self.s.node}")
+            return None
         if not worker.alive:
-            return self._fail(rec, R.PROCESS_GONE, f"rank {spec.rank} (pid {worker.record.pid} in "
-                                                   f"{worker.record.pid_namespace}) is no longer running")
+            self._fail(rec, R.PROCESS_GONE, f"rank {spec.rank} (pid {worker.record.pid} in "
+                                            f"{worker.record.pid_namespace}) is no longer running")
+            return None
         rec.worker = worker.to_dict()
+        return worker
+
+    async def _trigger(self, rec: TargetRecord, log) -> None:
+        spec = rec.spec
+        worker = await self._live_worker(rec)
+        if worker is None:
+            return
         try:
             watch_dir = self._watch_dir(worker) / rec.capture_id
             watch_dir.mkdir(parents=True, exist_ok=True)
@@ -616,14 +627,9 @@ class Pipeline:
 
     async def _hang(self, rec: TargetRecord, log) -> None:
         spec = rec.spec
-        worker = await self._find_worker(rec)
+        worker = await self._live_worker(rec)
         if worker is None:
-            return self._fail(rec, R.NOT_REGISTERED, f"no registration record for job {spec.job_id} attempt "
-                                                     f"{spec.attempt} rank {spec.rank} on node {self.s.node}")
-        if not worker.alive:
-            return self._fail(rec, R.PROCESS_GONE, f"rank {spec.rank} (pid {worker.record.pid} in "
-                                                   f"{worker.record.pid_namespace}) is no longer running")
-        rec.worker = worker.to_dict()
+            return
         if rec.status.state is S.PENDING:
             self._set(rec, S.DISPATCHED, "asking the rank's hook for its Flight Recorder dump, then reading its stacks")
         trace_view = self._watch_dir(worker)
