@@ -64,6 +64,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"report    {report}")
     if analysis.get("verdict"):
         lines.append(f"verdict   {analysis['verdict']}")
+    if status.get("followed_by"):
+        lines.append(f"window    {status['followed_by']}: every rank's Kineto window after this hang capture")
     annotation = status.get("annotation") or {}
     if annotation.get("state") not in (None, "disabled"):
         lines.append(f"annotation {annotation.get('state')} ({annotation.get('sink')})"

@@ -102,6 +102,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="take one healthy baseline capture once the job has run S seconds (0: never; later reports compare "
            "with the job's latest baseline)")
     a("--baseline-duration-ms", type=int, default=3000, help="window of the automatic baseline capture")
+    a("--hang-window-ms", type=int, default=1000, metavar="MS",
+      help="after a hang capture, a Kineto window of this many ms of every rank (its activity, or its absence "
+           "while the ranks hang, kept as evidence); 0: none (docs/coordinator.md, 'Hang captures')")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -163,6 +166,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             s3_endpoint=args.s3_endpoint, report_base_url=args.report_base_url, state_dir=args.state_dir,
             max_captures=args.max_captures, baseline_after_s=args.baseline_after_s,
             baseline_duration_ms=args.baseline_duration_ms, budget_mb=args.budget_mb,
+            hang_window_ms=args.hang_window_ms,
             deadlines=DeadlinePolicy(start_delay_s=args.start_delay_s, archive_s=args.archive_margin_s,
                                      report_s=args.report_margin_s),
             fanout=FanoutSettings(poll_interval_s=args.poll_interval_s, start_lead_s=args.start_lead_s,

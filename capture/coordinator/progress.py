@@ -98,6 +98,7 @@ class CaptureRecord:
     archive_prefix: str | None = None
     manifest_uri: str | None = None
     report_uri: str | None = None
+    followed_by: str | None = None        # issue 45: a hang capture's Kineto window (a trace capture of its own)
     analysis: dict[str, Any] = field(default_factory=lambda: {"state": "pending"})
     annotation: dict[str, Any] = field(default_factory=lambda: {"state": "disabled"})
     alert_resolved_at: str | None = None
@@ -187,6 +188,7 @@ class CaptureRecord:
         }
         if self.request.is_hang:
             out["kind"] = "hang"
+            out["followed_by"] = self.followed_by
         if self.request.iterations:
             out["start_iteration"] = self.start_iteration
         elif self.start_time_ms is not None:

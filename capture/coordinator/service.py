@@ -79,6 +79,7 @@ class CoordinatorSettings:
     baseline_duration_ms: int = 3000
     budget_mb: int = DEFAULT_BUDGET_MB     # issue 27: per rank, for requests that name none (budget.py)
     serving: bool = False                  # issue 30: a serving revision (replicas; selection.py)
+    hang_window_ms: int = 1000             # issue 45: the Kineto window that follows a hang capture (0: none)
 
 
 class Coordinator:
@@ -319,6 +320,8 @@ class Coordinator:
             record.set_phase(Phase.CONVERGED)
             self._annotate(record)
             await self._analyse(record)
+            if record.request.is_hang:
+                self._follow_with_window(record)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug must end the capture visibly, not leave it "capturing" forever
@@ -329,6 +332,27 @@ class Coordinator:
                 self.metrics.capture_ended(record)
                 self._annotate(record)
                 self._keep_copy(record)
+
+    def _follow_with_window(self, record: CaptureRecord) -> None:
+        """A hang capture is followed by a short Kineto window of every rank (a trace capture of its
+        own, with its own manifest): a rank that still works shows what it does, and a blocked
+        rank's empty trace is archived as its evidence (`trace_empty`). Its id is the hang's
+        `followed_by`; a capture already running (a person's) is left alone and the reason noted."""
+        s = self.settings
+        if s.hang_window_ms <= 0 or not any(p.state == TargetState.ARCHIVED for p in record.targets.values()):
+            return
+        request = CaptureRequest(job_id=s.job_id, duration_ms=s.hang_window_ms, requested_by="gpulens-hang",
+                                 reason=CaptureReason(kind="manual", text=f"the Kineto window of hang capture "
+                                                                          f"{record.capture_id}"))
+        try:
+            follow, _ = self.start(request)
+        except (CaptureBusy, RequestMismatch) as exc:
+            record.note("followed_by", capture_id=None, detail=f"no Kineto window: {exc}")
+            self.log.warning("hang.window_skipped", capture_id=record.capture_id, error=str(exc))
+            return
+        record.followed_by = follow.capture_id
+        record.note("followed_by", capture_id=follow.capture_id, duration_ms=s.hang_window_ms)
+        self.log.info("hang.window_started", capture_id=record.capture_id, window_capture_id=follow.capture_id)
 
     async def _plan_start(self, record: CaptureRecord) -> StartPlan:
         """Ask each node agent for its ranks' step counts (a failed agent just reads as silent)."""

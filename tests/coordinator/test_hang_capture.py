@@ -6,9 +6,10 @@ with py-spy, archives the `hang_evidence` document and names it in the manifest;
 analyze` (the coordinator's runner) reads exactly what the manifest names and the verdict names
 rank 1, its pod, its node, the collective and its sequence id, and where rank 1 is: in the
 summary, the report, the capture's status and its Grafana annotation. Without the hook's dumps
-the sequence ids are unknowable: every assertion on seq 6 fails. A trace capture of the same
-stalled job gets an empty trace from each rank: each is archived as the rank's evidence
-(`traces/<target>.empty.json`) and the rank fails `trace_empty`, saying so.
+the sequence ids are unknowable: every assertion on seq 6 fails. The hang capture is followed by
+a short Kineto window of every rank (a trace capture of its own): each rank's trace is empty, is
+archived as that rank's evidence (`traces/<target>.empty.json`), and the rank fails `trace_empty`,
+saying so.
 """
 
 from __future__ import annotations
@@ -94,10 +95,13 @@ async def test_a_stalled_job_is_named_by_its_hang_capture(tmp_path, http):
             assert record.analysis.get("state") == "done", record.analysis
             code, status_text, err = await _cli(url, "status", cid)
             assert code == 0, err
-            # and a trace of the same stalled job: a wall-clock window in which neither rank does any
-            # traced work (one waits in the collective, the other never reaches it)
-            trace_code, trace_out, trace_err = await _cli(url, "start", "--job", "train", "--duration-ms", "500",
-                                                          "--wait")
+            # the hang capture is followed by a Kineto window of every rank, a trace capture of its
+            # own: neither rank does any traced work in it (one waits in the collective, the other
+            # never reaches it)
+            follow = record.followed_by
+            assert follow and f"window    {follow}" in status_text, (follow, status_text)
+            await c.wait(follow)
+            window = c.get(follow)
 
         m = Manifest.from_json(Path(manifest_uri.removeprefix("file://")).read_text())
         assert m.request["kind"] == "hang" and m.fully_succeeded and not m.failures
@@ -135,9 +139,10 @@ async def test_a_stalled_job_is_named_by_its_hang_capture(tmp_path, http):
         note = capture_annotation(record.to_status(full=False), archive_root=f"file://{archive}")
         assert "collective_seq_id 6" in note.text and "hang" in note.tags, note
 
-        # the trace capture: each rank's trace is empty, and that emptiness is kept as its evidence
-        assert trace_code == 3, (trace_out, trace_err)
-        trace_manifest = Manifest.from_json(Path(trace_out.split()[1].removeprefix("file://")).read_text())
+        # the window: each rank's trace is empty, and that emptiness is kept as its evidence
+        assert window.request.kind == "trace" and window.request.duration_ms == 1000, window.request
+        assert cid in (window.request.reason.text or ""), window.request.reason
+        trace_manifest = Manifest.from_json(Path(window.manifest_uri.removeprefix("file://")).read_text())
         assert not trace_manifest.artifacts
         assert {(f.rank, f.reason) for f in trace_manifest.failures} == {(0, "trace_empty"), (1, "trace_empty")}, \
             trace_manifest.failures
