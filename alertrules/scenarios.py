@@ -874,4 +874,13 @@ CAPTURE: tuple[Scenario, ...] = (
                   _plane("gpulens_coordinator_targets_total", {**_COORD, "pod": "gpulens-eval-coordinator-1"},
                          {"outcome": "archived", "reason": ""}, [0.0] * 61)),
              expect=(Expect(30), Expect(45), Expect(59))),
+    Scenario("stalled_job_empty_traces",
+             "A stalled job (issue 45): every 5 minutes a hang capture archives both ranks' evidence and "
+             "its Kineto window ends both ranks trace_empty (blocked ranks write empty traces, kept as "
+             "evidence), and every other window times out on a rank held in the GIL: the job's trouble, "
+             "not the capture plane's; only trace_timeout here is a capture failing, and it stays under half.", 90,
+             raw=(_targets("archived", "", _every(5, 90)),
+                  _targets("failed", "trace_empty", _every(5, 90, count=4.0)),
+                  _targets("failed", "trace_timeout", _every(10, 90, count=1.0))),
+             expect=(Expect(30), Expect(60), Expect(89))),
 )
