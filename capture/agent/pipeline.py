@@ -667,7 +667,9 @@ class Pipeline:
             target_id=rec.target_id, rank=spec.rank, local_rank=int(worker.record.local_rank),
             node=self.s.node, pod=worker.record.pod or spec.pod or "", pid=worker.record.pid,
             attempt=spec.attempt, uri=uri, size=len(data), sha256=sha, trace_id=None,
-            worker_rank=spec.worker_rank, kind="hang_evidence")
+            worker_rank=spec.worker_rank, kind="hang_evidence",
+            sizes={"budget": None, "estimate": None, "uncompressed": len(data), "stored": len(data),
+                   "encoding": "identity", "gpu_buffer_mb": None, "stopped_early": None})
         self._set(rec, S.ARCHIVED, f"hang evidence archived to {uri}: {hang_capture.describe(doc)}")
 
     # --- after the end: a late trace is archived, never lost ------------------------------------

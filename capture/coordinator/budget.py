@@ -83,7 +83,10 @@ def payload_factor(options: CaptureOptions) -> float:
 
 
 def measured_from(manifest: Manifest, request: CaptureRequest) -> Measured | None:
-    """Bytes per optimizer step (or per second) of the largest rank of a finished capture."""
+    """Bytes per optimizer step (or per second) of the largest rank of a finished capture; None for
+    a hang capture (its documents say nothing of a trace's size)."""
+    if request.is_hang:
+        return None
     factor = payload_factor(request.options)
     per_it = per_s = None
     for a in manifest.artifacts:

@@ -34,6 +34,7 @@ async def test_a_python_worker_without_a_process_group_is_archived_with_its_stac
     assert st.state.value == "archived", (st.reason, st.detail)
     art = st.artifact
     assert art.kind == "hang_evidence" and art.trace_id is None and art.pid == proc.pid
+    assert art.sizes["stored"] == art.sizes["uncompressed"] == art.size and art.sizes["encoding"] == "identity"
     assert art.uri == f"{node.prefix('c-hang-py')}/traces/rank-0.hang.json"
     data = Path(art.uri.removeprefix("file://")).read_bytes()
     assert hashlib.sha256(data).hexdigest() == art.sha256 and len(data) == art.size

@@ -84,6 +84,18 @@ def test_the_measurement_is_the_largest_rank_per_step_without_its_options():
     assert got.per_iteration == pytest.approx(4 * MIB / 1.6) and got.capture_id == "c-prev"
 
 
+def test_a_hang_captures_documents_are_no_measure_of_a_trace():
+    """Issue 45: a hang capture archives a few MB of evidence per rank whatever its 2 s 'window';
+    counted as trace bytes per second they would shrink every later wall capture's window."""
+    doc = Artifact("rank-0", 0, 0, "n", "p", 10, 0, "file:///a/rank-0.hang.json", 50 * MIB, "0" * 64, None,
+                   kind="hang_evidence", sizes={"budget": None, "estimate": None, "uncompressed": 50 * MIB,
+                                                "stored": 50 * MIB, "encoding": "identity", "gpu_buffer_mb": None,
+                                                "stopped_early": None})
+    m = Manifest("c-hang", "train", 0, 0.0, 2000, [ExpectedTarget("rank-0", 0, 0, "p", "n")], artifacts=[doc])
+    assert measured_from(m, CaptureRequest(job_id="train", duration_ms=2000, kind="hang")) is None
+    assert measured_from(m, CaptureRequest(job_id="train", duration_ms=2000)).per_second == 25 * MIB   # as a trace
+
+
 def test_the_kineto_config_carries_the_gpu_buffer_cap():
     text = build_config(TraceConfig("/t/c/rank-0.json", 500, max_gpu_buffer_mb=4))
     assert "ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB=4" in text.splitlines()
