@@ -24,7 +24,7 @@ from gpulens.capture.schemas import SchemaError
 from gpulens.ground.logs import get_logger
 
 from .alertmanager import BUDGET_ANNOTATION, JOB_LABEL, WORKLOAD_LABEL, Alert
-from .ledger import AlertEntry, CaptureEntry, Ledger
+from .ledger import AlertEntry, CaptureEntry, Ledger, cooldown_key
 from .routing import Route, Router, Unroutable, deployment_revision, serving_kind
 
 __all__ = ["ALERT_ACTIVITIES", "GatewaySettings", "Outcome", "Gateway"]
@@ -154,12 +154,13 @@ class Gateway:
             return Outcome(alert.fingerprint, alert.starts_at, "duplicate", entry.capture_id,
                            f"already handled: {entry.outcome}")
         if entry is None:
-            last = self.ledger.last_start.get(route.key)
+            cooling = cooldown_key(route.namespace, route.job_id, alert.capture_kind)
+            last = self.ledger.last_start.get(cooling)
             if last is not None and time.time() - last < self.settings.cooldown_s:
-                since = self._last_capture_of(route.key)
+                since = self._last_capture_of(route.key, alert.capture_kind)
                 entry = AlertEntry(alert.key, alert.fingerprint, alert.starts_at, route.namespace, route.job_id,
                                    "cooldown", capture_id=None,
-                                   detail=f"{route.key} got capture {since or '?'} {time.time() - last:.0f} s ago "
+                                   detail=f"{cooling} got capture {since or '?'} {time.time() - last:.0f} s ago "
                                           f"(cooldown {self.settings.cooldown_s:.0f} s, manual captures count too)")
                 self.ledger.alerts[alert.key] = entry
                 self.ledger.save()
@@ -200,14 +201,15 @@ class Gateway:
         entry.outcome = "started"
         self.ledger.started(CaptureEntry(entry.capture_id, route.namespace, route.job_id, route.url, time.time(),
                                          {"kind": "alert", "alertname": alert.labels.get("alertname"),
-                                          "fingerprint": alert.fingerprint, "starts_at": alert.starts_at}))
+                                          "fingerprint": alert.fingerprint, "starts_at": alert.starts_at},
+                                         kind=alert.capture_kind))
         self.ledger.save()
         log.info("alert.capture_started", fingerprint=alert.fingerprint, alertname=alert.labels.get("alertname"), job=route.key, capture_id=entry.capture_id)
         return Outcome(alert.fingerprint, alert.starts_at, "started", entry.capture_id)
 
-    def _last_capture_of(self, job_key: str) -> str | None:
-        """The id of the newest capture the gateway started for `job_key` (what a cooldown waits on)."""
-        entries = [c for c in self.ledger.captures.values() if f"{c.namespace}/{c.job_id}" == job_key]
+    def _last_capture_of(self, job_key: str, kind: str = "trace") -> str | None:
+        """The id of the newest capture of `kind` the gateway started for `job_key` (what a cooldown waits on)."""
+        entries = [c for c in self.ledger.captures.values() if f"{c.namespace}/{c.job_id}" == job_key and c.kind == kind]
         return max(entries, key=lambda c: c.started_at).capture_id if entries else None
 
     async def _resolved(self, alert: Alert, route: Route) -> Outcome:
@@ -283,7 +285,8 @@ class Gateway:
                             "coordinator": route.url, "created": False}
         async with self._lock(route.key):
             self.ledger.started(CaptureEntry(capture_id, route.namespace, route.job_id, route.url, time.time(),
-                                             {"kind": "manual", "requested_by": body["requested_by"]}))
+                                             {"kind": "manual", "requested_by": body["requested_by"]},
+                                             kind=body.get("kind", "trace")))
             self.ledger.save()
         log.info("manual.capture_started", job=route.key, capture_id=capture_id, requested_by=body["requested_by"])
         return status, {"capture_id": capture_id, "status_url": f"/v1/captures/{capture_id}", "job": route.key,

@@ -49,6 +49,7 @@ class CaptureEntry:
     coordinator_url: str
     started_at: float
     reason: dict[str, Any] = field(default_factory=dict)
+    kind: str = "trace"           # issue 45: hang captures keep a cooldown of their own (cooldown_key)
 
 
 @dataclass
@@ -102,8 +103,15 @@ class Ledger:
 
     def started(self, entry: CaptureEntry) -> None:
         self.captures[entry.capture_id] = entry
-        key = f"{entry.namespace}/{entry.job_id}"
+        key = cooldown_key(entry.namespace, entry.job_id, entry.kind)
         self.last_start[key] = max(self.last_start.get(key, 0.0), entry.started_at)
+
+
+def cooldown_key(namespace: str, job_id: str, kind: str = "trace") -> str:
+    """What one cooldown covers: a job's traces, and apart from them its hang captures. A hang
+    capture costs a stuck job nothing and a trace capture just before says nothing of the hang,
+    so a stall after a traced slowdown is still captured; two hang captures are spaced alike."""
+    return f"{namespace}/{job_id}" + ("" if kind == "trace" else f"#{kind}")
 
 
 def _mapping(doc: dict, key: str) -> dict:

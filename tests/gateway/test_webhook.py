@@ -92,6 +92,28 @@ async def test_a_new_episode_of_the_same_alert_waits_out_the_cooldown(stack, htt
     assert body["results"][0]["outcome"] == "duplicate" and len(stack.coordinator.captures) == 1
 
 
+async def test_a_stall_right_after_a_traced_slowdown_is_still_captured_and_hangs_cool_down_apart(stack, http):
+    """Issue 45: the job's trace cooldown does not hold a hang capture back (the trace said nothing
+    of the hang, and a stuck job pays nothing for its evidence); a second stall episode waits out a
+    cooldown of its own."""
+    await send(http, stack.url, payload(alert("fp-1", starts_at="2026-11-29T06:00:00Z")))
+    first = next(iter(stack.coordinator.captures))
+    await stack.coordinator.wait(first)
+    stalled = dict(auto=False, alertname="GPUWorkloadStalled", diagnosis="stalled", gpulens_capture="hang")
+    status, body = await send(http, stack.url, payload(alert("fp-s", starts_at="2026-11-29T06:10:00Z", **stalled)))
+    assert status == 200 and body["results"][0]["outcome"] == "started", body
+    hang = stack.coordinator.get(body["results"][0]["capture_id"])
+    assert hang.request.kind == "hang"
+    await stack.coordinator.wait(hang.capture_id)
+    if hang.followed_by:
+        await stack.coordinator.wait(hang.followed_by)
+    status, body = await send(http, stack.url, payload(alert("fp-s", starts_at="2026-11-29T07:10:00Z", **stalled),
+                                                       alert("fp-3", starts_at="2026-11-29T07:10:00Z")))
+    assert [r["outcome"] for r in body["results"]] == ["cooldown", "cooldown"], body
+    assert "#hang got capture " + hang.capture_id in body["results"][0]["detail"], body
+    assert "ml/train got capture " + first in body["results"][1]["detail"], body
+
+
 async def test_alerts_that_ask_for_no_capture_or_cannot_be_routed_are_200_and_start_nothing(stack, http):
     status, body = await send(http, stack.url, payload(alert("a", auto=False), alert("b", job="unknown-job"),
                                                        alert("c", job=None, pod="stranger"),
