@@ -341,7 +341,9 @@ class Soak:
         out = []
         for r in results:
             for line in r.unproven():
-                nodes = [n for n in self.nodes if f"/{n.name}/" in line]
+                # a line that names no node's folder (a rank no live worker holds: its process is
+                # gone) is explained by every node's trainers: which one died, and how
+                nodes = [n for n in self.nodes if f"/{n.name}/" in line] or self.nodes
                 cancelled = next((c for n in nodes if (c := n.kineto_cancelled(line))), None)
                 if cancelled and line.split(": ", 2)[1] in ("trace_timeout", "kineto_refused"):
                     self.kineto_cancellations.append(f"{r.capture_id} {line.split(':')[0]}: {cancelled}")
