@@ -153,9 +153,17 @@ class Supervisor:
 
 
 async def _terminate_group(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
-    """SIGTERM the child's whole process group, then SIGKILL whatever is left after the timeout."""
+    """SIGTERM the child's whole process group, then SIGKILL whatever is left after the timeout.
+
+    Never a group that is no longer the child's: once the leader is reaped, its number stays
+    pinned only while a member of its group lives; when none does, the kernel may give it to any
+    new process, which may lead a session of its own (a test's trainer, a job's worker). A live
+    process holding the leader's pid after the leader was reaped therefore means the group id is
+    someone else's (measured: a CI run lost an unrelated job's two ranks to SIGKILL this way)."""
     pgid = proc.pid
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        if not _still_ours(proc):
+            return
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
@@ -165,15 +173,23 @@ async def _terminate_group(proc: asyncio.subprocess.Process, timeout_s: float) -
         except asyncio.TimeoutError:
             continue
         # the leader is gone; make sure no member of its group outlives it
-        if not _group_alive(pgid):
+        if not _group_alive(pgid) or not _still_ours(proc):
             return
         await asyncio.sleep(0.5)
-        if not _group_alive(pgid):
+        if not _group_alive(pgid) or not _still_ours(proc):
             return
+    if not _still_ours(proc):
+        return
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _still_ours(proc: asyncio.subprocess.Process) -> bool:
+    """The child's process group id still names its group: the leader runs, or it was reaped and no
+    live process has taken its number (then only the group's own members can hold that id)."""
+    return proc.returncode is None or not os.path.exists(f"/proc/{proc.pid}")
 
 
 def _group_alive(pgid: int) -> bool:

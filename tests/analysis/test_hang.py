@@ -93,7 +93,8 @@ def hung_job(tmp_path: Path, mode: str, entered: dict[int, int], dumpers: tuple[
     finally:
         # torchrun starts each worker in a session of its own: its group alone would leave them hung
         workers = psutil.Process(p.pid).children(recursive=True) if p.poll() is None else []
-        os.killpg(p.pid, signal.SIGKILL)
+        if p.returncode is None:     # a reaped torchrun's number may be another process group's by now
+            os.killpg(p.pid, signal.SIGKILL)
         for w in workers:
             try:
                 w.kill()

@@ -68,3 +68,31 @@ async def test_child_that_never_gets_ready_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="exited with code 2 before it was ready"):
         await sup.start(ChildSpec("bad", [sys.executable, "-c", "import sys; sys.exit(2)"], ready=never, restart=False))
     await sup.stop_all()
+
+
+async def test_a_child_reaped_long_ago_never_costs_the_process_that_took_its_number(tmp_path):
+    """A child that exited early keeps its entry; at `stop_all` its group is signalled. Once the
+    leader is reaped and no member of its group lives, the kernel may hand its number to any new
+    process, a session leader of someone else's (a CI run lost an unrelated job's two ranks to a
+    SIGKILL this way). Stands for the reuse: the reaped child's entry is given the pid of a live
+    stranger leading its own session; `stop_all` must leave it alone and still end what is ours."""
+    import subprocess
+
+    sup = Supervisor(tmp_path / "logs")
+    early = await sup.start(ChildSpec("early", [sys.executable, "-c", "pass"], restart=False))
+    await asyncio.wait_for(early.proc.wait(), 30)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        class Reaped:                                     # the exited child, its number now the stranger's
+            pid, returncode = stranger.pid, early.proc.returncode
+
+            async def wait(self) -> int:
+                return self.returncode
+        early.proc = Reaped()
+        ours = await sup.start(ChildSpec("ours", [sys.executable, "-c", "import time; time.sleep(600)"]))
+        await sup.stop_all(timeout_s=5)
+        assert alive(stranger.pid), "stop_all signalled a process group that is no longer its child's"
+        assert not alive(ours.pid)
+    finally:
+        stranger.kill()
+        stranger.wait()
