@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from .hang_evidence import HangTarget
-from .registry import Worker
+from .registry import Worker, agent_view
 
 __all__ = ["hang_target", "evidence_bytes", "describe", "nothing_taken", "HANG_SUFFIX"]
 
@@ -28,26 +27,12 @@ HANG_SUFFIX = ".json"
 HANG_TAG = "hang"
 
 
-def _view(theirs: str, mine: Path | None, host_pid: int | None) -> Path:
-    """The trainer's folder `theirs` as this agent reaches it."""
-    via_proc = Path(f"/proc/{host_pid}/root") / theirs.lstrip("/")
-    for candidate in (Path(theirs), via_proc):
-        if mine is None:
-            break
-        try:
-            if os.path.samefile(candidate, mine):
-                return mine
-        except OSError:
-            continue
-    return Path(theirs) if host_pid is None else via_proc
-
-
 def hang_target(capture_id: str, target_id: str, rank: int, worker: Worker, *, trace_view: Path,
                 socket_dir: Path | None) -> HangTarget:
     rec = worker.record
     socket = None
     if rec.flight_socket and rec.socket_dir:
-        socket = str(_view(rec.socket_dir, socket_dir, worker.host_pid) / rec.flight_socket)
+        socket = str(agent_view(rec.socket_dir, socket_dir, worker.host_pid) / rec.flight_socket)
     return HangTarget(capture_id=capture_id, target_id=target_id, rank=rank, pid=rec.pid, host_pid=worker.host_pid,
                       flight_socket=socket, trace_dir=str(trace_view))
 

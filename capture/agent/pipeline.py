@@ -32,7 +32,7 @@ from ..dynolog import (KinetoConfigError, OnDemandResult, PidOutcome, TraceConfi
 from ..models import Artifact, FailureReason, TargetState, TriggerAttempt
 from .metrics import AgentMetrics
 from .observation import ObservedFile, Observer
-from .registry import Worker, WorkerRegistry
+from .registry import Worker, WorkerRegistry, agent_view
 from . import hang_capture, start_rules
 from .flight import dump_path as flight_dump_path
 from .hang_evidence import collect_hang_evidence
@@ -339,16 +339,7 @@ class Pipeline:
     def _watch_dir(self, worker: Worker) -> Path:
         """Where the agent sees the trainer's trace dir: its own --trace-dir when that is the same
         folder (shared hostPath), else through the trainer's root (/proc/<pid>/root)."""
-        trainer_dir = worker.record.trace_dir
-        mine = self.s.trace_dir
-        via_proc = Path(f"/proc/{worker.host_pid}/root") / trainer_dir.lstrip("/")
-        for candidate in (Path(trainer_dir), via_proc):
-            try:
-                if os.path.samefile(candidate, mine):
-                    return mine
-            except OSError:
-                continue
-        return via_proc
+        return agent_view(worker.record.trace_dir, self.s.trace_dir, worker.host_pid)
 
     def _holder(self, rec: TargetRecord) -> TargetRecord | None:
         """Another target whose config is still out with this same process (queued, no trace yet)."""

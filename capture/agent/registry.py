@@ -220,3 +220,17 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def agent_view(theirs: str, mine: Path | None, host_pid: int | None) -> Path:
+    """The trainer's folder `theirs` as this agent reaches it: the agent's own `mine` when they are
+    the same folder (a shared hostPath), else through the trainer's root (/proc/<pid>/root)."""
+    via_proc = Path(f"/proc/{host_pid}/root") / theirs.lstrip("/")
+    if mine is not None:
+        for candidate in (Path(theirs), via_proc):
+            try:
+                if os.path.samefile(candidate, mine):
+                    return Path(mine)
+            except OSError:
+                continue
+    return Path(theirs) if host_pid is None else via_proc

@@ -31,10 +31,10 @@ CAPTURE = "c-20261207t180000-0badc0de"
 @pytest.fixture(scope="module")
 def documents(tmp_path_factory) -> list[dict]:
     """Two ranks' real hang_evidence documents, as the agent takes them."""
-    procs = [subprocess.Popen([sys.executable, "-c", "import time\ndef waiting():\n    time.sleep(120)\nwaiting()"])
-             for _ in range(2)]
+    code = "import sys, time\ndef waiting():\n    print('up', flush=True)\n    time.sleep(120)\nwaiting()"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     try:
-        time.sleep(0.5)     # the interpreter is up (py-spy reads a process that has a Python frame)
+        assert [p.stdout.readline().strip() for p in procs] == ["up", "up"]   # in `waiting`: a frame to read
         docs = []
         for rank, p in enumerate(procs):
             t = HangTarget(CAPTURE, f"rank-{rank}", rank, p.pid, p.pid, None, str(tmp_path_factory.mktemp("t")))
