@@ -18,8 +18,10 @@
  * capturing stream are recorded, not run; a graph launch there becomes a child graph), the graph
  * API (create, kernel and child-graph nodes, clone, conditional handles), instantiate, update and
  * launch; a graph launch runs its recorded kernels' time.
- * With GPULENS_STUB_STATE_DIR, each process with a context publishes "<dir>/gpu<N>/<pid>" (memory
- * in use, busy time) so the exporter's stub NVML view can count processes per GPU.
+ * With GPULENS_STUB_STATE_DIR, each process with a context publishes "<dir>/gpu<N>/<pidns>.<pid>"
+ * (memory in use, busy time) so the exporter's stub NVML view can count processes per GPU. The pid is
+ * the process's own (in a container: its container's numbering), so it comes with the inode of its
+ * PID namespace: the view finds the node's pid from the two, as NVML reports node pids.
  *
  * Other environment: GPULENS_STUB_DEVICES (1), GPULENS_STUB_LAUNCH_NS (host cost of a launch, 0),
  * GPULENS_STUB_PCIE_GBPS (copy bandwidth, 12), GPULENS_STUB_TOTAL_MEM (bytes, 80 GiB).
@@ -122,6 +124,7 @@ static struct {
     char state_dir[4000];
     char proc_path[4160];
     int proc_fd;
+    unsigned long long pidns;           /* inode of /proc/self/ns/pid; 0 when unreadable */
     struct CUmod_st module;
 } S = { .lock = PTHREAD_MUTEX_INITIALIZER, .device = -1, .proc_fd = -1 };
 
@@ -166,12 +169,12 @@ static struct stub_device_shared *open_timeline(int device) {
     return d;
 }
 
-/* "<state>/gpu<N>/<pid>": what the stub NVML view reads (pid, memory, busy time). */
+/* "<state>/gpu<N>/<pidns>.<pid>": what the stub NVML view reads (pid, its namespace, memory, busy time). */
 static void publish_locked(void) {
     if (S.proc_fd < 0) return;
-    char buf[160];
-    int n = snprintf(buf, sizeof buf, "pid=%d device=%d mem=%llu busy_ns=%llu",
-                     (int)getpid(), S.device, (unsigned long long)S.mem_bytes, (unsigned long long)S.busy_ns);
+    char buf[200];
+    int n = snprintf(buf, sizeof buf, "pid=%d pidns=%llu device=%d mem=%llu busy_ns=%llu", (int)getpid(),
+                     S.pidns, S.device, (unsigned long long)S.mem_bytes, (unsigned long long)S.busy_ns);
     memset(buf + n, ' ', sizeof buf - 1 - (size_t)n);
     buf[sizeof buf - 1] = '\n';
     if (pwrite(S.proc_fd, buf, sizeof buf, 0) < 0) { /* best effort */ }
@@ -188,7 +191,10 @@ static void open_proc_file_locked(void) {
     char dir[4120];
     snprintf(dir, sizeof dir, "%s/gpu%d", S.state_dir, S.device);
     mkdir(dir, 0755);
-    snprintf(S.proc_path, sizeof S.proc_path, "%s/%d", dir, (int)getpid());
+    struct stat ns;
+    S.pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (unsigned long long)ns.st_ino : 0;
+    /* two containers on a node may both have a pid 7: the namespace keeps their files apart */
+    snprintf(S.proc_path, sizeof S.proc_path, "%s/%llu.%d", dir, S.pidns, (int)getpid());
     S.proc_fd = open(S.proc_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     publish_locked();
 }

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +20,7 @@ from gpulens.exporter.nvml.pynvml_api import PynvmlApi
 from gpulens.exporter.nvml.stub_api import StubNvmlApi
 from gpulens.exporter.service import Exporter
 
-from .conftest import registration, scrape, value
+from .conftest import missing, registration, scrape, value
 
 
 @pytest.fixture
@@ -160,7 +163,50 @@ def test_stub_nvml_view_of_real_stand_in_processes(stub, workloads, libcuda, tmp
     assert sample.pid == w0.pid and sample.sm_percent > 20
     w0.report()
     assert w0.finish() == 0
-    assert not (state / "gpu0" / str(w0.pid)).exists()        # a clean exit removes its file
+    assert not [f for f in (state / "gpu0").iterdir() if f.name.endswith(f".{w0.pid}")]   # a clean exit removes its file
+
+
+def _in_own_pid_namespace(stub, libcuda, env) -> tuple[subprocess.Popen, int]:
+    """A stand-in process as a container runs it: pid 1 of a PID namespace of its own (unshare), so
+    the pid it writes is not the node's. Returns the unshare process and the workload's node pid."""
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", str(stub.workload), "--lib", str(libcuda),
+                             "--wait-stdin", "--steps", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=stub.env(**env))
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), (line, proc.stderr.read() if proc.poll() is not None else "")
+    (child,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return proc, int(child)
+
+
+def test_stub_nvml_reports_the_node_pid_of_a_process_in_its_own_pid_namespace(stub, libcuda, tmp_path):
+    """NVML reports node pids. Two containers' processes that are each pid 1 in their own namespace
+    are two processes, each reported by its node pid (the exporter attributes pods by it)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        missing("unshare as root (util-linux)")
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {"GPULENS_STUB_STATE_DIR": str(state)}
+    started = []
+    try:
+        for _ in range(2):
+            started.append(_in_own_pid_namespace(stub, libcuda, env))
+        node_pids = {pid for _, pid in started}
+        files = sorted(f.name for f in (state / "gpu0").iterdir())
+        assert len(files) == 2 and all(f.endswith(".1") for f in files), files     # each is pid 1 to itself
+        api = StubNvmlApi(state)
+        assert {p.pid for p in api.compute_processes(0)} == node_pids
+        assert {p.pid for p in api.compute_processes(0)} == node_pids                # again, from what it found
+        proc, pid = started.pop()
+        proc.kill()                                                                  # --kill-child: the workload too
+        proc.wait(10)
+        wait_gone = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < wait_gone:
+            time.sleep(0.05)
+        assert {p.pid for p in api.compute_processes(0)} == node_pids - {pid}       # its file stays; it is not listed
+    finally:
+        for proc, _ in started:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_stub_nvml_needs_its_directory(tmp_path):
