@@ -43,3 +43,25 @@ def test_image_tag_defaults_to_the_chart_app_version():
     app = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
     images = {c["image"] for c in containers(_ds({"image": {"repository": "registry.example.com/gpulens"}})).values()}
     assert images == {f"registry.example.com/gpulens:{app}"}
+
+
+def test_nvml_is_the_real_one_by_default_and_mounts_nothing():
+    ds = _ds()
+    args = containers(ds)["exporter"]["args"]
+    assert "--nvml=auto" in args
+    assert not [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "nvml-stub"]
+
+
+def test_a_stub_nvml_folder_is_mounted_read_only_from_the_node_at_its_own_path():
+    """exporter.nvml stub:<folder> (the test cluster: no GPU, trainers drive the CUDA stand-in): the
+    exporter reads the stand-in's per-process files where the node's trainers write them."""
+    folder = "/var/lib/gpulens-cluster/node/stub-gpu"
+    ds = _ds({"exporter": {"nvml": f"stub:{folder}"}})
+    validate(ds)
+    exp = containers(ds)["exporter"]
+    assert f"--nvml=stub:{folder}" in exp["args"]
+    (mount,) = [m for m in exp["volumeMounts"] if m["name"] == "nvml-stub"]
+    assert mount == {"name": "nvml-stub", "mountPath": folder, "readOnly": True}
+    (vol,) = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "nvml-stub"]
+    assert vol["hostPath"]["path"] == folder
+    assert "nvml-stub" not in {m["name"] for m in containers(ds)["agent"]["volumeMounts"]}

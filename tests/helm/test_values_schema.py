@@ -23,6 +23,8 @@ BAD = {
     "bad-interval": ({"monitoring": {"podMonitor": {"interval": "often"}}}, "/monitoring/podMonitor/interval"),
     "replicas-zero": ({"operator": {"replicas": 0}}, "/operator/replicas"),
     "labels-not-strings": ({"commonLabels": {"team": 7}}, "/commonLabels/team"),
+    "nvml-unknown": ({"exporter": {"nvml": "on"}}, "/exporter/nvml"),
+    "nvml-stub-relative": ({"exporter": {"nvml": "stub:var/lib/stub"}}, "/exporter/nvml"),
 }
 
 

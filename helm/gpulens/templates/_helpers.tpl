@@ -114,3 +114,10 @@ old release's already-coalesced ones, which no longer have the key to delete). *
 {{- end }}
 {{- toYaml $sel }}
 {{- end }}
+
+{{/* The host folder of exporter.nvml "stub:<folder>" (the CUDA stand-in's NVML view), else nothing. */}}
+{{- define "gpulens.nvmlStubPath" -}}
+{{- if hasPrefix "stub:" .Values.exporter.nvml -}}
+{{- trimPrefix "stub:" .Values.exporter.nvml -}}
+{{- end -}}
+{{- end -}}
