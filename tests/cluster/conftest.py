@@ -8,12 +8,16 @@ under CI=true that is a failure (the cluster is a required real component)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import threading
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -272,6 +276,23 @@ class Monitor:
     def log(self, name: str) -> str:
         return self.logs[name].read_text(errors="replace")
 
+    def get(self, url: str, **params) -> dict:
+        q = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(url + q, timeout=10) as r:
+            return json.loads(r.read())
+
+    def query(self, expr: str) -> list[dict]:
+        """Prometheus's instant result for `expr`."""
+        body = self.get(f"{self.prometheus}/api/v1/query", query=expr)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def firing(self, alertname: str, namespace: str) -> list[dict]:
+        """Prometheus's firing `alertname` alerts for pods of `namespace`."""
+        return [a for a in self.get(f"{self.prometheus}/api/v1/alerts")["data"]["alerts"]
+                if a["labels"].get("alertname") == alertname and a["state"] == "firing"
+                and a["labels"].get("namespace") == namespace]
+
 
 def _service_account_secret(api, namespace: str, name: str) -> dict[str, str]:
     """The token Secret 1.20's token controller makes for a ServiceAccount (decoded)."""
@@ -324,14 +345,14 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-@pytest.fixture(scope="package")
-def monitoring(cluster, api, release, tmp_path_factory) -> Monitor:
-    """Debian's prometheus and prometheus-alertmanager on 127.0.0.1, configured by
-    cluster/monitoring.py as a chart user without the Operator would: pod discovery as a read-only
-    ServiceAccount (through cluster/pod_sd.py: Debian's build has no Kubernetes discovery), the
-    project's rules time-scaled like `gpulens up`, the gateway Service as the webhook receiver.
-    Plus one test-only route: alerts labelled WRONG_TOKEN_LABEL go to the same URL with a wrong
-    token. Logs stay in the session's tmp dir; a failing test that used this shows their tails."""
+@contextlib.contextmanager
+def monitoring_of(api, d: Path) -> Iterator[Monitor]:
+    """Debian's prometheus and prometheus-alertmanager on 127.0.0.1 for the cluster `api` talks to,
+    configured by cluster/monitoring.py as a chart user without the Operator would: pod discovery
+    as a read-only ServiceAccount (through cluster/pod_sd.py: Debian's build has no Kubernetes
+    discovery), the project's rules time-scaled like `gpulens up`, the gateway Service as the
+    webhook receiver. Plus one test-only route: alerts labelled WRONG_TOKEN_LABEL go to the same URL
+    with a wrong token. Logs stay in `d`; a failing test that used this shows their tails."""
     from tests.conftest import free_port
     sys.path.insert(0, str(REPO / "cluster"))
     import monitoring as mon
@@ -342,7 +363,6 @@ def monitoring(cluster, api, release, tmp_path_factory) -> Monitor:
             if os.environ.get("CI") == "true":
                 pytest.fail(f"{b} is missing (scripts/setup.sh installs it)")
             pytest.skip(f"{b} is missing")
-    d = tmp_path_factory.mktemp("monitoring")
     _apply_rbac(api, mon.rbac())
     sa = _service_account_secret(api, mon.SA_NAMESPACE, mon.SA_NAME)
     (d / "sa-token").write_text(sa["token"])
@@ -382,13 +402,22 @@ def monitoring(cluster, api, release, tmp_path_factory) -> Monitor:
             _stop(p)
 
 
+@pytest.fixture(scope="package")
+def monitoring(cluster, api, release, tmp_path_factory) -> Monitor:
+    """Prometheus and Alertmanager for the package's one-node cluster (monitoring_of)."""
+    with monitoring_of(api, tmp_path_factory.mktemp("monitoring")) as m:
+        yield m
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failing test that used the monitoring processes gets the tails of their logs."""
     outcome = yield
     rep = outcome.get_result()
-    mon = getattr(item, "funcargs", {}).get("monitoring")
-    if rep.failed and isinstance(mon, Monitor):
-        for name, path in mon.logs.items():
-            if path.exists():
-                rep.sections.append((f"{name} log (tail)", path.read_text(errors="replace")[-4000:]))
+    if not rep.failed:
+        return
+    for mon in getattr(item, "funcargs", {}).values():
+        if isinstance(mon, Monitor):
+            for name, path in mon.logs.items():
+                if path.exists():
+                    rep.sections.append((f"{name} log (tail)", path.read_text(errors="replace")[-4000:]))

@@ -60,9 +60,7 @@ def _get(url: str, **params) -> dict:
 
 
 def _query(monitoring, expr: str) -> list[dict]:
-    body = _get(f"{monitoring.prometheus}/api/v1/query", query=expr)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
+    return monitoring.query(expr)
 
 
 def test_prometheus_discovers_the_daemonset_pod_through_the_api_and_scrapes_it(monitoring):

@@ -19,8 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +30,10 @@ from pathlib import Path
 import pytest
 
 from gpulens.capture.wire import labels as L
+from tests import rule_signals
 
-from .conftest import (REUSE, S3, Grafana, grafana_server, load_gpulens_image, load_toolbox, restart_release_pods,
-                       s3_server)
+from .conftest import (REUSE, S3, Grafana, grafana_server, load_gpulens_image, load_toolbox, monitoring_of,
+                       restart_release_pods, s3_server)
 from .harness import (BB, KUBECONFIG, NODE, NODE2, NODE2_IP, NS, REPO, STATE, TOOLBOX, cluster_sh, down, forbidden_in_logs,
                       machine_diff, machine_state, node_count, pod_log, pod_logs, readme_install, sysctls_changed_by_others,
                       up, wait_until)
@@ -179,6 +182,7 @@ class TwoNodeRelease:
     image: str
     s3: S3
     grafana: Grafana
+    stub_gpu: str           # the node folder of the README's `exporter.nvml: stub:<folder>`
 
 
 @pytest.fixture(scope="module")
@@ -187,11 +191,11 @@ def two_release(two, tmp_path_factory):
     server and annotating a Grafana double of its own (the package's went with the one-node cluster)."""
     image = load_gpulens_image(tmp_path_factory.mktemp("image2"))
     with s3_server() as s3, grafana_server() as grafana:
-        readme_install(image, s3.endpoint, grafana.url).run(
-            str(KUBECONFIG), REPO, tmp_path_factory.mktemp("readme-two"), rerun=REUSE)
+        install = readme_install(image, s3.endpoint, grafana.url)
+        install.run(str(KUBECONFIG), REPO, tmp_path_factory.mktemp("readme-two"), rerun=REUSE)
         if REUSE:
             restart_release_pods(two)
-        yield TwoNodeRelease(image, s3, grafana)
+        yield TwoNodeRelease(image, s3, grafana, install.values["exporter"]["nvml"].removeprefix("stub:"))
 
 
 @pytest.fixture(scope="module")
@@ -391,57 +395,86 @@ def test_a_hung_agent_on_one_node_costs_only_its_ranks(two, ddp, two_release):
     assert "event=ipc.late_poll_unanswered" in log, log[-3000:]
 
 
-def test_a_rank_hung_on_the_second_node_is_named_by_a_hang_capture(two, two_release, ddp):
-    """Issue 45 in the cluster: a second four-rank job (two pods, one per node, the chart's agents in
-    their containers: hostPID, root without DAC_OVERRIDE, py-spy from the image) whose rank 3, on
-    node 2, stops before an all_reduce that ranks 0-2 wait in. A hang capture through the gateway
-    archives every rank's Flight Recorder dump and stacks (each agent reaches its ranks' hook
-    sockets through the sockets hostPath and reads them with py-spy), the analysis Job reads them
-    from S3, and the verdict names rank 3, its pod, node 2, the collective and its sequence id."""
+STALLED = "GPUWorkloadStalled"
+
+
+def test_a_rank_hung_on_the_second_node_is_named_by_a_hang_capture(two, two_release, ddp, tmp_path_factory):
+    """Issue 45 in the cluster, from the alert on: a second four-rank job (two pods, one per node,
+    the chart's agents in their containers: hostPID, root without DAC_OVERRIDE, py-spy from the
+    image) learns its baseline under Prometheus and Alertmanager outside the cluster (as test_5's),
+    the exporters' NVML view listing its workers' stand-in GPU contexts (the README's
+    `exporter.nvml`). Then rank 3, on node 2, stops before an all_reduce that ranks 0-2 wait in:
+    GPUWorkloadStalled fires, labelled gpulens_capture=hang; Alertmanager's webhook reaches the
+    gateway, which starts the hang capture. It archives every rank's Flight Recorder dump and stacks
+    (each agent reaches its ranks' hook sockets through the sockets hostPath and reads them with
+    py-spy), the analysis Job reads them from S3, and the verdict names rank 3, its pod, node 2,
+    the collective and its sequence id."""
     from kubernetes import client
     ns = armed_namespace(two)
+    control = STATE / "control" / ns       # not a node's own folder (cluster.sh NODE_PRIVATE_DIRS): both read it
+    control.mkdir(parents=True)
+    (control / "incident").write_text("none")
     try:
-        two.create_namespaced_service(ns, trainer_peers_service())
-        client.BatchV1Api(two.api_client).create_namespaced_job(
-            ns, trainer_job(two_release.image, nodes=2, trainer_args=("--hang-rank", "3", "--hang-at-step", "60")))
-        pods = wait_until("the hanging job's two pods", lambda: (lambda ps: len(ps) == 2 and ps)(
-            two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items), 60)
-        pods = {p.spec.node_name: wait_training(two, ns, p.metadata.name) for p in pods}
-        hung = pods[NODE2].metadata.name
-        wait_until("rank 3 stopped before its all_reduce", lambda: "demo-trainer rank=3 stops before" in pod_log(
-            two, ns, hung, "trainer"), 300, 2)
-        base, token = gateway(two)
-        started = wait_until("hang capture accepted", lambda: (lambda r: r[0] in (200, 201, 202) and r[1])(
-            call(f"{base}/v1/captures?namespace={ns}", token, {"job_id": JOB, "duration_ms": 1000, "kind": "hang"})),
-            240, 2)
-        done = wait_converged(two, started["capture_id"])
-        assert done["phase"] == "converged" and done["fully_succeeded"] and done["kind"] == "hang", _targets(done)
-        manifest = json.loads(_bytes(two_release.s3, done["manifest_uri"]))
-        arts = sorted(manifest["artifacts"], key=lambda a: a["rank"])
-        assert [(a["rank"], a["node"], a["kind"]) for a in arts] == [
-            (0, NODE, "hang_evidence"), (1, NODE, "hang_evidence"), (2, NODE2, "hang_evidence"),
-            (3, NODE2, "hang_evidence")], arts
-        for a in arts:
-            body = _bytes(two_release.s3, a["uri"])
-            assert len(body) == a["size"] and hashlib.sha256(body).hexdigest() == a["sha256"], a["uri"]
-            doc = json.loads(body)
-            assert doc["flight_recorder"]["dump"] is not None, (a["rank"], doc["flight_recorder"])
-            assert doc["stacks"]["doc"] is not None, (a["rank"], doc["stacks"])      # py-spy in the agent's container
-        status = wait_until("the hang analysis finished", lambda: (
-            lambda st: st.get("analysis", {}).get("state") in ("done", "failed", "skipped", "disabled") and st)(
-            capture_status(two, done["capture_id"])), 600, 2)
-        assert status["analysis"]["state"] == "done", json.dumps(status["analysis"])
-        summary = json.loads(_bytes(two_release.s3, status["report_uri"].replace("report.html", "summary.json")))
-        v = summary["verdict"]
-        print(f"[hang] two nodes: {v['line']}")
-        assert v["kind"] == "never_entered" and "all_reduce" in v["op"] and v["seq"], v
-        assert [(x["rank"], x["pod"], x["node"]) for x in v["suspects"]] == [(3, hung, NODE2)], v["suspects"]
-        assert "stop_before_collective" in (v["suspects"][0]["now_at"] or ""), v["suspects"]
-        for needle in ("rank 3", hung, NODE2, f"collective_seq_id {v['seq']}"):
-            assert needle in v["line"], (needle, v["line"])
-        assert status["analysis"].get("verdict") == v["line"]          # the status (and annotation) lead with it
+        with monitoring_of(two, tmp_path_factory.mktemp("monitoring-two")) as mon:
+            two.create_namespaced_service(ns, trainer_peers_service())
+            client.BatchV1Api(two.api_client).create_namespaced_job(ns, trainer_job(
+                two_release.image, nodes=2, control_dir=str(control), stub_gpu=two_release.stub_gpu,
+                trainer_args=("--hang-rank", "3")))
+            pods = wait_until("the hanging job's two pods", lambda: (lambda ps: len(ps) == 2 and ps)(
+                two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items), 60)
+            pods = {p.spec.node_name: wait_training(two, ns, p.metadata.name) for p in pods}
+            hung = pods[NODE2].metadata.name
+            # as test_5: an incident before the workload's baseline would become the baseline
+            baseline = (f'namespace_workload:gpulens_launches_per_worker:baseline_rate5m'
+                        f'{{namespace="{ns}",gpulens_workload="job/{JOB}"}}')
+            wait_until("the workload's baseline", lambda: mon.query(baseline), 900, 3)
+            (control / "incident").write_text("hang")       # every rank reads it; only rank 3 (--hang-rank) acts
+            wait_until("rank 3 stopped before its all_reduce", lambda: "demo-trainer rank=3 stops before" in pod_log(
+                two, ns, hung, "trainer"), 120, 1)
+            stalled_at = time.monotonic()
+
+            try:
+                alerts = wait_until(f"{STALLED} firing", lambda: mon.firing(STALLED, ns), 600, 2)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{rule_signals.describe(mon.prometheus, ns)}") from None
+            fired_s = time.monotonic() - stalled_at
+            for a in alerts:
+                assert (a["labels"]["diagnosis"], a["labels"]["gpulens_capture"]) == ("stalled", "hang"), a["labels"]
+                assert a["labels"]["gpulens_job"] == JOB and a["labels"]["pod"] in {p.metadata.name for p in pods.values()}
+            pattern = re.compile(rf"event=alert\.capture_started .*alertname={STALLED} job={re.escape(ns)}/{JOB} "
+                                 r"capture_id=(\S+)")
+            started = {"capture_id": wait_until("the gateway starting the hang capture for the alert", lambda: pattern.search(
+                pod_logs(two, NS, "app.kubernetes.io/component=gateway")), 120, 1).group(1)}
+            done = wait_converged(two, started["capture_id"])
+            assert done["phase"] == "converged" and done["fully_succeeded"] and done["kind"] == "hang", _targets(done)
+            manifest = json.loads(_bytes(two_release.s3, done["manifest_uri"]))
+            arts = sorted(manifest["artifacts"], key=lambda a: a["rank"])
+            assert [(a["rank"], a["node"], a["kind"]) for a in arts] == [
+                (0, NODE, "hang_evidence"), (1, NODE, "hang_evidence"), (2, NODE2, "hang_evidence"),
+                (3, NODE2, "hang_evidence")], arts
+            for a in arts:
+                body = _bytes(two_release.s3, a["uri"])
+                assert len(body) == a["size"] and hashlib.sha256(body).hexdigest() == a["sha256"], a["uri"]
+                doc = json.loads(body)
+                assert doc["flight_recorder"]["dump"] is not None, (a["rank"], doc["flight_recorder"])
+                assert doc["stacks"]["doc"] is not None, (a["rank"], doc["stacks"])      # py-spy in the agent's container
+            status = wait_until("the hang analysis finished", lambda: (
+                lambda st: st.get("analysis", {}).get("state") in ("done", "failed", "skipped", "disabled") and st)(
+                capture_status(two, done["capture_id"])), 600, 2)
+            assert status["analysis"]["state"] == "done", json.dumps(status["analysis"])
+            summary = json.loads(_bytes(two_release.s3, status["report_uri"].replace("report.html", "summary.json")))
+            v = summary["verdict"]
+            print(f"[hang] two nodes: {v['line']}\n[hang] two nodes: stall -> alert firing {fired_s:.0f} s, "
+                  f"-> report {time.monotonic() - stalled_at:.0f} s (rules at 1/30 time scale: `for: 5m` is 10 s)")
+            assert v["kind"] == "never_entered" and "all_reduce" in v["op"] and v["seq"], v
+            assert [(x["rank"], x["pod"], x["node"]) for x in v["suspects"]] == [(3, hung, NODE2)], v["suspects"]
+            assert "stop_before_collective" in (v["suspects"][0]["now_at"] or ""), v["suspects"]
+            for needle in ("rank 3", hung, NODE2, f"collective_seq_id {v['seq']}"):
+                assert needle in v["line"], (needle, v["line"])
+            assert status["analysis"].get("verdict") == v["line"]          # the status (and annotation) lead with it
     finally:
         two.delete_namespace(ns)
+        shutil.rmtree(control, ignore_errors=True)
 
 
 def _ready(pod) -> bool:

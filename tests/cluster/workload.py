@@ -42,7 +42,8 @@ def torch_site() -> str:
 
 def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int = 0,
                 control_dir: str | None = None, nodes: int = 1, image_pythonpath: bool = False,
-                lost_node_after_s: int | None = None, trainer_args: tuple[str, ...] = ()) -> dict:
+                lost_node_after_s: int | None = None, trainer_args: tuple[str, ...] = (),
+                stub_gpu: str | None = None) -> dict:
     """Job `trainer`: one pod, torchrun with two workers of the demo trainer (each steps forever).
 
     `fail_attempt_0`: the container first runs FAIL_ATTEMPT_0 (with `backoff_limit` >= 1 the Job
@@ -55,7 +56,11 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
     `ENV PYTHONPATH` (conftest.own_pythonpath_image). `lost_node_after_s`: the pods tolerate an
     unreachable or not-ready node that long, then Kubernetes evicts them (its default is 300 s;
     training jobs set less, so that a lost node's pod is replaced instead of waited for).
-    `trainer_args`: more arguments of the demo trainer (e.g. `--hang-rank 3 --hang-at-step 100`)."""
+    `trainer_args`: more arguments of the demo trainer (e.g. `--hang-rank 3 --hang-at-step 100`).
+    `stub_gpu`: the node folder of the release's `exporter.nvml: stub:<folder>`: the workers publish
+    their stand-in GPU contexts there (GPULENS_STUB_STATE_DIR), so the exporter's NVML view lists
+    them, as NVML lists a real job's processes (the stalled alert needs that); both workers of a pod
+    then share one stand-in GPU's timeline."""
     from gpulens.exporter.stub import build_stub
     libcuda = build_stub(STATE / "stub").libcuda
     site = torch_site()
@@ -81,6 +86,8 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
                # Kineto's INFO lines (the tick that activated a config, or why it did not start): what
                # a warm-up refusal on these pods is read from (test_two_node.py's _kineto_said)
                {"name": "KINETO_LOG_LEVEL", "value": "0"}]
+    if stub_gpu:
+        env.append({"name": "GPULENS_STUB_STATE_DIR", "value": stub_gpu})
     if fail_attempt_0:
         command = ["sh", "-c", FAIL_ATTEMPT_0, "sh", *command]
     spread = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
@@ -104,8 +111,11 @@ def trainer_job(image: str, *, fail_attempt_0: bool = False, backoff_limit: int 
                 # ~0.5 per rank at baseline (a clean-clone run: 1.05 for two ranks, against 0.086
                 # quiet), leaving host_sync no room to show.
                 "resources": {"requests": {"cpu": TRAINER_CPU_REQUEST}},
-                "volumeMounts": [{"name": n, "mountPath": mount_paths.get(n, p), "readOnly": True} for n, p in mounts]}],
-            "volumes": [{"name": n, "hostPath": {"path": p, "type": "Directory"}} for n, p in mounts]}}}}
+                "volumeMounts": [{"name": n, "mountPath": mount_paths.get(n, p), "readOnly": True} for n, p in mounts]
+                                + ([{"name": "stub-gpu", "mountPath": stub_gpu}] if stub_gpu else [])}],
+            "volumes": [{"name": n, "hostPath": {"path": p, "type": "Directory"}} for n, p in mounts]
+                       + ([{"name": "stub-gpu", "hostPath": {"path": stub_gpu, "type": "DirectoryOrCreate"}}]
+                          if stub_gpu else [])}}}}
 
 
 #: The headless Service a multi-node trainer's pods find each other by (its endpoints: their IPs).
