@@ -526,6 +526,33 @@ def _job_pods_said(api, ns: str) -> str:
     return "\n".join(out)
 
 
+def _eviction_said(api) -> str:
+    """What decides a lost node's evictions: each node's Ready condition, taints and lease renewals
+    (the node lifecycle controller judges health by them), and what the controller-manager said of
+    disruption and taints (it stops evicting in a zone whose nodes all look lost: a late heartbeat
+    of node 1 under load would do that)."""
+    from kubernetes import client
+    out = []
+    for node in (NODE, NODE2):
+        try:
+            n = api.read_node(node)
+            ready = [(c.status, c.reason, str(c.last_heartbeat_time), str(c.last_transition_time))
+                     for c in n.status.conditions if c.type == "Ready"]
+            lease = client.CoordinationV1Api(api.api_client).read_namespaced_lease(node, "kube-node-lease")
+            out.append(f"{node}: Ready {ready} taints {[(t.key, t.effect, str(t.time_added)) for t in n.spec.taints or []]}"
+                       f" lease renewed {lease.spec.renew_time}")
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the failure
+            out.append(f"{node}: {type(exc).__name__}: {exc}")
+    log = STATE / "logs" / "controller-manager.log"
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if any(
+            w in ln.lower() for w in ("disruption", "taint", "evict", "notready", "not ready", "node_lifecycle", "zone"))]
+        out.append("controller-manager (node lifecycle):\n  " + "\n  ".join(lines[-40:]))
+    except OSError as exc:
+        out.append(f"controller-manager log: {exc}")
+    return "\n".join(out)
+
+
 def test_a_lost_node_costs_its_ranks_and_the_next_attempt_gets_its_own_coordinator(two, ddp, two_release):
     """Node 2 crashes mid-capture (`cluster.sh lose 2`: its kubelet, containerd, agent and trainer
     processes killed at once; its ranks die and the gloo world breaks), then boots again. The
@@ -574,8 +601,11 @@ def test_a_lost_node_costs_its_ranks_and_the_next_attempt_gets_its_own_coordinat
         wait_until("node 1's trainer pod failed (its world broke)", lambda: two.read_namespaced_pod(
             on1.metadata.name, ns).status.phase == "Failed", 300, 1)
         (on2,) = [p for p in old.values() if p.spec.node_name == NODE2]
-        wait_until("node 2's trainer pod evicted", lambda: two.read_namespaced_pod(
-            on2.metadata.name, ns).metadata.deletion_timestamp, 300, 1)
+        try:
+            wait_until("node 2's trainer pod evicted", lambda: two.read_namespaced_pod(
+                on2.metadata.name, ns).metadata.deletion_timestamp, 300, 1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_eviction_said(two)}") from None
     finally:
         back = cluster_sh("restore", "2", timeout=400)
         assert back.returncode == 0, back.stderr
