@@ -546,7 +546,8 @@ def _eviction_said(api) -> str:
     log = STATE / "logs" / "controller-manager.log"
     try:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if any(
-            w in ln.lower() for w in ("disruption", "taint", "evict", "notready", "not ready", "node_lifecycle", "zone"))]
+            w in ln.lower() for w in ("master disruption", "taint_manager", "noexecute", "evict", "notready", "not-ready",
+                                      "zone", "deleting pod"))]
         out.append("controller-manager (node lifecycle):\n  " + "\n  ".join(lines[-40:]))
     except OSError as exc:
         out.append(f"controller-manager log: {exc}")
