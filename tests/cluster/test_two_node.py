@@ -16,6 +16,7 @@ module (a warm `up`) and taken down by its last test."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ from tests import rule_signals
 
 from .conftest import (REUSE, S3, Grafana, grafana_server, load_gpulens_image, load_toolbox, monitoring_of,
                        restart_release_pods, s3_server)
-from .harness import (BB, KUBECONFIG, NODE, NODE2, NODE2_IP, NS, REPO, STATE, TOOLBOX, cluster_sh, down, forbidden_in_logs,
+from .harness import (BB, CHART, KUBECONFIG, NODE, NODE2, NODE2_IP, NS, RELEASE, REPO, STATE, TOOLBOX, cluster_sh, down, forbidden_in_logs,
                       machine_diff, machine_state, node_count, pod_log, pod_logs, readme_install, sysctls_changed_by_others,
                       up, wait_until)
 from .workload import (JOB, PEERS, armed_namespace, call, capture_status, gateway, start_capture, trainer_job,
@@ -182,7 +183,6 @@ class TwoNodeRelease:
     image: str
     s3: S3
     grafana: Grafana
-    stub_gpu: str           # the node folder of the README's `exporter.nvml: stub:<folder>`
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def two_release(two, tmp_path_factory):
         install.run(str(KUBECONFIG), REPO, tmp_path_factory.mktemp("readme-two"), rerun=REUSE)
         if REUSE:
             restart_release_pods(two)
-        yield TwoNodeRelease(image, s3, grafana, install.values["exporter"]["nvml"].removeprefix("stub:"))
+        yield TwoNodeRelease(image, s3, grafana)
 
 
 @pytest.fixture(scope="module")
@@ -396,14 +396,46 @@ def test_a_hung_agent_on_one_node_costs_only_its_ranks(two, ddp, two_release):
 
 
 STALLED = "GPUWorkloadStalled"
+#: The stand-in GPU's folder on each node (node-private: cluster.sh NODE_PRIVATE_DIRS): where the
+#: hanging job's workers publish their contexts and `exporter.nvml: stub:<folder>` reads them.
+STUB_GPU = "/var/lib/gpulens-cluster/node/stub-gpu"
+
+
+def _node_pods_with_nvml(api, nvml: str):
+    """Both nodes' exporter+agent pods from a template whose exporter has --nvml=`nvml`, Ready."""
+    pods = api.list_namespaced_pod(NS, label_selector=NODE_SEL).items
+    ok = [p for p in pods if not p.metadata.deletion_timestamp and _ready(p) and f"--nvml={nvml}" in next(
+          c for c in p.spec.containers if c.name == "exporter").args]
+    return len(pods) == len(ok) == 2 and ok
+
+
+@contextlib.contextmanager
+def _exporter_nvml(api, nvml: str):
+    """The release upgraded as a user would (`helm upgrade --reuse-values --set exporter.nvml=...`),
+    until both nodes run it; back to NVML proper (`auto`, the README's) at the end, so the tests
+    after see the release as installed. The one-node cluster's trainers do not publish to the
+    stand-in's folder, and with a working NVML view a pod NVML does not list is not live to the
+    rules: the README's values keep `auto`."""
+    from helm_python import Config
+
+    def set_to(value: str) -> None:
+        Config(kubeconfig_path=str(KUBECONFIG), namespace=NS).upgrade(
+            str(CHART), RELEASE, {"exporter": {"nvml": value}}, namespace=NS, wait="watcher", timeout=600,
+            reuse_values=True, reset_values=False)
+        wait_until(f"both nodes' exporters with --nvml={value}, Ready", lambda: _node_pods_with_nvml(api, value), 300, 1)
+    set_to(nvml)
+    try:
+        yield
+    finally:
+        set_to("auto")
 
 
 def test_a_rank_hung_on_the_second_node_is_named_by_a_hang_capture(two, two_release, ddp, tmp_path_factory):
     """Issue 45 in the cluster, from the alert on: a second four-rank job (two pods, one per node,
     the chart's agents in their containers: hostPID, root without DAC_OVERRIDE, py-spy from the
     image) learns its baseline under Prometheus and Alertmanager outside the cluster (as test_5's),
-    the exporters' NVML view listing its workers' stand-in GPU contexts (the README's
-    `exporter.nvml`). Then rank 3, on node 2, stops before an all_reduce that ranks 0-2 wait in:
+    the exporters' NVML view listing its workers' stand-in GPU contexts (the release upgraded to
+    `exporter.nvml: stub:<folder>`: the stalled rule needs NVML's view). Then rank 3, on node 2, stops before an all_reduce that ranks 0-2 wait in:
     GPUWorkloadStalled fires, labelled gpulens_capture=hang; Alertmanager's webhook reaches the
     gateway, which starts the hang capture. It archives every rank's Flight Recorder dump and stacks
     (each agent reaches its ranks' hook sockets through the sockets hostPath and reads them with
@@ -415,10 +447,10 @@ def test_a_rank_hung_on_the_second_node_is_named_by_a_hang_capture(two, two_rele
     control.mkdir(parents=True)
     (control / "incident").write_text("none")
     try:
-        with monitoring_of(two, tmp_path_factory.mktemp("monitoring-two")) as mon:
+        with _exporter_nvml(two, f"stub:{STUB_GPU}"), monitoring_of(two, tmp_path_factory.mktemp("monitoring-two")) as mon:
             two.create_namespaced_service(ns, trainer_peers_service())
             client.BatchV1Api(two.api_client).create_namespaced_job(ns, trainer_job(
-                two_release.image, nodes=2, control_dir=str(control), stub_gpu=two_release.stub_gpu,
+                two_release.image, nodes=2, control_dir=str(control), stub_gpu=STUB_GPU,
                 trainer_args=("--hang-rank", "3")))
             pods = wait_until("the hanging job's two pods", lambda: (lambda ps: len(ps) == 2 and ps)(
                 two.list_namespaced_pod(ns, label_selector=f"job-name={JOB}").items), 60)
