@@ -9,7 +9,8 @@ two reads. A file whose process is gone (a killed process cannot remove it) is i
 NVML reports the node's pids; a process in a container knows only its own namespace's. So the pid
 is translated: the process in `proc_root` whose PID namespace has inode `pidns` and whose innermost
 pid (the last of `NSpid` in its status) is `pid`. Found once by a scan of `proc_root`, then checked
-by two reads per poll; a file whose process is gone costs one scan per poll (the stand-in only).
+by two reads per read of a GPU's list; a file whose process is gone (SIGKILLed) costs a scan of
+`proc_root` per such read until it is removed (the stand-in only, never on a real GPU).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -53,19 +52,9 @@ def trainer(release, api, gpulens_image, monitoring):
             shutil.rmtree(control, ignore_errors=True)
 
 
-def _get(url: str, **params) -> dict:
-    q = f"?{urllib.parse.urlencode(params)}" if params else ""
-    with urllib.request.urlopen(url + q, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def _query(monitoring, expr: str) -> list[dict]:
-    return monitoring.query(expr)
-
-
 def test_prometheus_discovers_the_daemonset_pod_through_the_api_and_scrapes_it(monitoring):
     def targets():
-        active = _get(f"{monitoring.prometheus}/api/v1/targets", state="active")["data"]["activeTargets"]
+        active = monitoring.get(f"{monitoring.prometheus}/api/v1/targets", state="active")["data"]["activeTargets"]
         mine = {t["labels"]["job"]: t for t in active}
         return set(mine) == {"gpulens-exporter", "gpulens-agent"} and all(
             t["health"] == "up" for t in mine.values()) and mine
@@ -80,17 +69,17 @@ def test_prometheus_discovers_the_daemonset_pod_through_the_api_and_scrapes_it(m
         assert t["labels"]["node"] == "gpulens-node"
         assert t["labels"]["instance"] == f"gpulens-node:{seen['__meta_kubernetes_pod_container_port_number']}"
     # The release's other pods (operator, gateway) are discovered too, and dropped by the relabelling.
-    dropped = _get(f"{monitoring.prometheus}/api/v1/targets", state="dropped")["data"]["droppedTargets"]
+    dropped = monitoring.get(f"{monitoring.prometheus}/api/v1/targets", state="dropped")["data"]["droppedTargets"]
     components = {d["discoveredLabels"].get("__meta_kubernetes_pod_label_app_kubernetes_io_component") for d in dropped}
     assert {"operator", "gateway"} <= components, components
     up = wait_until("up == 1 for both jobs", lambda: (lambda r: len(r) == 2 and r)(
-        _query(monitoring, 'up{job=~"gpulens-exporter|gpulens-agent"} == 1')), 60, 1)
+        monitoring.query('up{job=~"gpulens-exporter|gpulens-agent"} == 1')), 60, 1)
     assert {r["metric"]["job"] for r in up} == {"gpulens-exporter", "gpulens-agent"}
 
 
 def test_the_trainers_series_in_prometheus_carry_its_namespace_pod_container_and_job(trainer, monitoring):
     series = wait_until("the trainer's launch series in Prometheus, one per worker", lambda: (lambda s: s if len(s) >= 2 else None)(
-        _query(monitoring, f'gpulens_kernel_launches_total{{namespace="{trainer.namespace}"}}')), 180, 2)
+        monitoring.query(f'gpulens_kernel_launches_total{{namespace="{trainer.namespace}"}}')), 180, 2)
     assert sorted(s["metric"].get("rank") for s in series) == ["0", "1"], series   # issue 29: per worker
     labels = series[0]["metric"]
     assert labels["pod"] == trainer.pod and labels["container"] == "trainer"
@@ -138,17 +127,13 @@ def fired(trainer, monitoring, api) -> dict:
     baseline), switches host_sync on in both workers, and returns the firing alert."""
     baseline = (f'namespace_workload:gpulens_launches_per_worker:baseline_rate5m'
                 f'{{namespace="{trainer.namespace}",gpulens_workload="{WORKLOAD}"}}')
-    wait_until("the workload's baseline", lambda: _query(monitoring, baseline), 900, 3)
+    wait_until("the workload's baseline", lambda: monitoring.query(baseline), 900, 3)
     (trainer.control / "incident").write_text("host_sync")
     wait_until("both workers switched to host_sync", lambda: pod_log(
         api, trainer.namespace, trainer.pod, "trainer").count("incident=host_sync") >= 2, 60, 1)
 
-    def firing():
-        alerts = _get(f"{monitoring.prometheus}/api/v1/alerts")["data"]["alerts"]
-        return next((a for a in alerts if a["labels"].get("alertname") == ALERT and a["state"] == "firing"
-                     and a["labels"].get("namespace") == trainer.namespace), None)
     try:
-        return wait_until(f"{ALERT} firing", firing, 600, 2)
+        return wait_until(f"{ALERT} firing", lambda: next(iter(monitoring.firing(ALERT, trainer.namespace)), None), 600, 2)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{rule_signals.describe(monitoring.prometheus, trainer.namespace)}") from None
 
@@ -158,7 +143,7 @@ def test_the_induced_incident_fires_the_diagnosed_alert_for_the_trainers_pod(fir
     assert labels["diagnosis"] == "host_sync" and labels["gpulens_capture"] == "auto"
     assert labels["pod"] == trainer.pod and labels["gpulens_job"] == JOB and labels["gpulens_workload"] == WORKLOAD
     # The workload alerts are mutually exclusive: no other diagnosis fires for this pod.
-    others = [a["labels"]["alertname"] for a in _get(f"{monitoring.prometheus}/api/v1/alerts")["data"]["alerts"]
+    others = [a["labels"]["alertname"] for a in monitoring.get(f"{monitoring.prometheus}/api/v1/alerts")["data"]["alerts"]
               if a["labels"].get("namespace") == trainer.namespace and a["state"] == "firing"
               and a["labels"].get("alertname") != ALERT]
     assert others == []
@@ -190,7 +175,7 @@ def alert_capture(fired, trainer, monitoring, api) -> str:
 
 
 def test_alertmanager_delivers_the_alert_to_the_gateway_service(alert_capture, trainer, monitoring):
-    active = _get(f"{monitoring.alertmanager}/api/v2/alerts", filter=f'alertname="{ALERT}"')
+    active = monitoring.get(f"{monitoring.alertmanager}/api/v2/alerts", filter=f'alertname="{ALERT}"')
     mine = [a for a in active if a["labels"].get("namespace") == trainer.namespace
             and WRONG_TOKEN_LABEL[0] not in a["labels"]]
     assert mine and {r["name"] for a in mine for r in a["receivers"]} == {"gpulens-gateway"}

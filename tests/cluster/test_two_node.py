@@ -423,8 +423,8 @@ def _exporter_nvml(api, nvml: str):
             str(CHART), RELEASE, {"exporter": {"nvml": value}}, namespace=NS, wait="watcher", timeout=600,
             reuse_values=True, reset_values=False)
         wait_until(f"both nodes' exporters with --nvml={value}, Ready", lambda: _node_pods_with_nvml(api, value), 300, 1)
-    set_to(nvml)
     try:
+        set_to(nvml)
         yield
     finally:
         set_to("auto")
